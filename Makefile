@@ -1,0 +1,87 @@
+# Developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.install.stamp
+JDBC_JAR ?= /usr/share/java/postgresql.jar
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+
+# Spark workers must import from the venv, not the system Python.
+export PYSPARK_PYTHON ?= $(abspath $(VPY))
+export PYSPARK_DRIVER_PYTHON ?= $(abspath $(VPY))
+
+# Checks used by `make java` (each is a shell condition).
+java_ok = java -version 2>&1 | grep -E 'version "(1[7-9]|[2-9][0-9])[."]' >/dev/null
+jar_ok = test -f "$(JDBC_JAR)"
+pg_ok = test -n "$${DATABASE_URL:-}" || test -x "$${PG_BIN:-/nonexistent}/initdb" \
+	|| ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	|| { test -x $(VPY) && $(VPY) -c 'from buffered_store.devservices import find_pg_bindir as f; f()' >/dev/null 2>&1; }
+
+.PHONY: help install .venv java test demo lint clean distclean
+
+help:
+	@echo "make install    venv + pip install -e '.[dev]' (redone when pyproject.toml changes)"
+	@echo "make java       check/install Java 17+, the PostgreSQL JDBC jar and PostgreSQL binaries"
+	@echo "make test       the whole test suite (what CI runs)"
+	@echo "make demo       run the demo"
+	@echo "make lint       ruff check, ruff format --check, mypy"
+	@echo "make clean      caches and build output (distclean also removes .venv)"
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -e '.[dev]'
+	@touch $@
+
+install .venv: $(STAMP)
+
+java:
+	@pkgs=""; \
+	if ! $(java_ok); then \
+	  if command -v apt-cache >/dev/null && apt-cache show openjdk-17-jre-headless >/dev/null 2>&1; \
+	  then pkgs="$$pkgs openjdk-17-jre-headless"; else pkgs="$$pkgs default-jre-headless"; fi; \
+	fi; \
+	$(jar_ok) || pkgs="$$pkgs libpostgresql-jdbc-java"; \
+	$(pg_ok) || pkgs="$$pkgs postgresql"; \
+	if [ -n "$$pkgs" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make java: installing$$pkgs"; \
+	    apt-get update -qq; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkgs; \
+	  else \
+	    echo "make java: missing$$pkgs" >&2; \
+	    echo "  Need Java 17+ (java -version), the PostgreSQL JDBC driver at $(JDBC_JAR)" >&2; \
+	    echo "  and PostgreSQL server binaries (or PG_BIN=dir, or DATABASE_URL=an existing server)." >&2; \
+	    echo "  Debian/Ubuntu: sudo apt-get install$$pkgs" >&2; \
+	    exit 1; \
+	  fi; \
+	fi; \
+	$(java_ok) || { echo "make java: Java 17+ still missing (java -version)" >&2; exit 1; }; \
+	$(jar_ok) || { echo "make java: $(JDBC_JAR) still missing" >&2; exit 1; }; \
+	$(pg_ok) || { echo "make java: PostgreSQL server binaries still missing" >&2; exit 1; }; \
+	echo "make java: ok ($$(java -version 2>&1 | head -n1); JDBC jar $(JDBC_JAR))"
+
+test: install java
+	@echo "test services: NATS=$${NATS_URL:-throwaway nats-server} Postgres=$${DATABASE_URL:-throwaway cluster} mode=$${BUFSTORE_SERVICES:-local}"
+	$(VPY) -m pytest tests/ $(PYTEST_ARGS)
+
+demo: install java
+	$(VPY) -m buffered_store.demo $(DEMO_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info $(STAMP)
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,81 @@
+"""Write-buffering thread-checkpoint store: a NATS JetStream WAL in front of any
+`ThreadRunStore` (normally Postgres), with read-your-writes overlays.
+
+Heavy parts (Postgres, NATS) are imported on first use, so ``import buffered_store`` stays
+cheap and the pure modules stay usable without services.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from buffered_store.errors import (
+    BackendUnavailableError,
+    CommitUnknownError,
+    ConfigError,
+    ConflictError,
+    DatabaseUnavailableError,
+    FlushTimeoutError,
+    PayloadTooLargeError,
+    StoreClosedError,
+    StoreError,
+    ValidationError,
+    WalUnavailableError,
+)
+from buffered_store.protocol import ThreadRunStore
+from buffered_store.records import (
+    CheckpointReceipt,
+    FlushStatus,
+    Message,
+    ReadConsistency,
+    RunRecord,
+    RunStatus,
+    Thread,
+)
+
+if TYPE_CHECKING:
+    from buffered_store.buffered import BufferedThreadRunStore
+    from buffered_store.config import BufferedStoreConfig
+    from buffered_store.memory import InMemoryThreadRunStore
+    from buffered_store.postgres import PostgresThreadRunStore
+
+_LAZY = {
+    "BufferedThreadRunStore": "buffered_store.buffered",
+    "BufferedStoreConfig": "buffered_store.config",
+    "InMemoryThreadRunStore": "buffered_store.memory",
+    "PostgresThreadRunStore": "buffered_store.postgres",
+}
+
+__all__ = [
+    "BackendUnavailableError",
+    "BufferedStoreConfig",
+    "BufferedThreadRunStore",
+    "CheckpointReceipt",
+    "CommitUnknownError",
+    "ConfigError",
+    "ConflictError",
+    "DatabaseUnavailableError",
+    "FlushStatus",
+    "FlushTimeoutError",
+    "InMemoryThreadRunStore",
+    "Message",
+    "PayloadTooLargeError",
+    "PostgresThreadRunStore",
+    "ReadConsistency",
+    "RunRecord",
+    "RunStatus",
+    "StoreClosedError",
+    "StoreError",
+    "Thread",
+    "ThreadRunStore",
+    "ValidationError",
+    "WalUnavailableError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'buffered_store' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,569 @@
+"""`BufferedThreadRunStore`: a `ThreadRunStore` decorator that writes to a NATS JetStream
+WAL and reads through an overlay of the unflushed WAL tail on the inner store.
+
+Data flow of one checkpoint: validate → build a delta entry against this instance's
+cursor → publish with a per-thread CAS (`writer.Writer`) → CAS the hot record in KV →
+receipt. A flusher (or `force_flush`) later applies the entries to the inner store
+through `FlushTarget.apply`, which checks the watermark inside the inner store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from buffered_store.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    check_page,
+    validate_checkpoint,
+)
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.entry import EntryKind, WalEntry, encode_entry, messages_of
+from buffered_store.errors import (
+    CommitUnknownError,
+    FlushTimeoutError,
+    PayloadTooLargeError,
+    StoreClosedError,
+    StoreError,
+    WalUnavailableError,
+)
+from buffered_store.flushing import ThreadLog, flush_thread, group_by_thread, read_tail
+from buffered_store.planning import ThreadView, fold
+from buffered_store.protocol import ThreadRunStore
+from buffered_store.records import (
+    CheckpointReceipt,
+    FlushStatus,
+    Message,
+    ReadConsistency,
+    RunRecord,
+    RunStatus,
+    Thread,
+    check_id,
+    utcnow,
+)
+from buffered_store.target import FlushTarget, StoredThread, run_sort_key, thread_sort_key
+from buffered_store.wal import Wal
+from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer, now_writer_nonce
+
+log = logging.getLogger("buffered_store.buffered")
+
+Versions = dict[str, tuple[RunRecord, int]]
+
+
+class _Connecting:
+    """What `connect()` returns: await it, or use it as an async context manager."""
+
+    def __init__(self, opening: Awaitable[BufferedThreadRunStore]) -> None:
+        self._opening = opening
+        self._store: BufferedThreadRunStore | None = None
+
+    def __await__(self) -> Generator[Any, None, BufferedThreadRunStore]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> BufferedThreadRunStore:
+        self._store = await self._opening
+        return self._store
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+class BufferedThreadRunStore:
+    """Buffers checkpoints in a NATS JetStream WAL in front of an inner `ThreadRunStore`."""
+
+    def __init__(
+        self,
+        inner: ThreadRunStore,
+        target: FlushTarget,
+        wal: Wal,
+        config: BufferedStoreConfig,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.inner = inner
+        self.target = target
+        self.wal = wal
+        self.config = config
+        self._clock = clock
+        self._writer = Writer(wal, config)
+        self._log = ThreadLog(wal, config)
+        self._locks = ThreadLocks()
+        self._closed = False
+        self._stats: dict[str, float] = {
+            "checkpoints_ok": 0,
+            "checkpoints_failed": 0,
+            "commit_unknown": 0,
+            "deletes": 0,
+            "checkpoint_seconds_total": 0.0,
+        }
+
+    @classmethod
+    def connect(
+        cls,
+        inner: ThreadRunStore,
+        config: BufferedStoreConfig | None = None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> _Connecting:
+        """Open the WAL (creating the stream, bucket and consumer if needed) around `inner`.
+
+        ``await BufferedThreadRunStore.connect(...)`` or
+        ``async with BufferedThreadRunStore.connect(...) as store``.
+        """
+        return _Connecting(cls._open(inner, config or BufferedStoreConfig.from_env(), clock))
+
+    @classmethod
+    async def _open(
+        cls,
+        inner: ThreadRunStore,
+        config: BufferedStoreConfig,
+        clock: Callable[[], datetime],
+    ) -> BufferedThreadRunStore:
+        if isinstance(inner, FlushTarget):
+            target: FlushTarget = inner
+        else:
+            from buffered_store.generic import GenericFlushTarget
+
+            target = GenericFlushTarget(inner)
+        wal = await Wal.connect(config, name="bufstore-store")
+        return cls(inner, target, wal, config, clock=clock)
+
+    async def __aenter__(self) -> BufferedThreadRunStore:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def checkpoint(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Append the checkpoint to the WAL; returns once it is durable there."""
+        self._check_open()
+        cached = self._writer.cursors.get(thread_id) if isinstance(thread_id, str) else None
+        call = validate_checkpoint(
+            thread_id,
+            messages,
+            run,
+            metadata,
+            previous=cached.snapshot if cached else None,
+            previous_objects=cached.objects if cached else (),
+        )
+        nonce = now_writer_nonce()
+
+        def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
+            entry = build_checkpoint_entry(
+                call,
+                previous=cursor.hot.thread if cursor.hot else None,
+                previous_messages=cursor.snapshot,
+                seq=cursor.seq + 1,
+                now=self._clock(),
+                writer=nonce,
+            )
+            return entry, self._encode(entry, cursor)
+
+        async def write() -> CheckpointReceipt:
+            try:
+                entry = await self._write(thread_id, build, call.encoded, list(messages), run)
+            except PayloadTooLargeError:
+                # A cold cursor sends the whole snapshot; for a thread larger than a WAL
+                # message, learn its snapshot once and send the delta instead.
+                if not await self._prime_snapshot(thread_id):
+                    raise
+                entry = await self._write(thread_id, build, call.encoded, list(messages), run)
+            return CheckpointReceipt(
+                thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
+            )
+
+        started = time.perf_counter()
+        try:
+            receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
+        except BaseException:
+            self._stats["checkpoints_failed"] += 1
+            raise
+        self._stats["checkpoints_ok"] += 1
+        self._stats["checkpoint_seconds_total"] += time.perf_counter() - started
+        return receipt
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Append a delete entry: the thread disappears from every read at once."""
+        self._check_open()
+        check_id(thread_id, "thread_id")
+        nonce = now_writer_nonce()
+
+        def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
+            entry = build_delete_entry(
+                thread_id, seq=cursor.seq + 1, now=self._clock(), writer=nonce
+            )
+            return entry, self._encode(entry, cursor)
+
+        async def write() -> None:
+            cursor = await self._writer.cursor(thread_id)
+            if cursor.hot is None or cursor.hot.thread is None:
+                stored = await self.target.read_thread(thread_id, with_messages=False)
+                if stored.thread is None:
+                    return  # unknown or already deleted: nothing to do
+            await self._write(thread_id, build, [], [], None)
+            self._stats["deletes"] += 1
+
+        await self._locks.run(thread_id, write)
+
+    def _encode(self, entry: WalEntry, cursor: Cursor) -> bytes:
+        payload = encode_entry(entry)
+        if len(payload) > self._writer.max_entry_bytes:
+            raise PayloadTooLargeError(
+                f"checkpoint of thread {entry.thread_id!r} needs a {len(payload)}-byte WAL "
+                f"entry; the server accepts {self._writer.max_entry_bytes} "
+                f"({entry.keep} messages kept, {len(entry.messages)} sent)"
+            )
+        return payload
+
+    async def _write(
+        self,
+        thread_id: str,
+        build: Callable[[Cursor], tuple[WalEntry, bytes]],
+        snapshot: list[bytes],
+        objects: list[Any],
+        run: RunRecord | None,
+    ) -> WalEntry:
+        attempt = AppendAttempt()
+        deadline = time.monotonic() + self.config.checkpoint_timeout_s
+        try:
+            async with asyncio.timeout(self.config.checkpoint_timeout_s):
+                entry, base = await self._writer.append(thread_id, build, attempt)
+        except TimeoutError as exc:
+            self._writer.cursors.drop(thread_id)
+            if attempt.sent:
+                self._stats["commit_unknown"] += 1
+                raise CommitUnknownError(
+                    f"checkpoint of thread {thread_id!r}: the WAL did not confirm in time; "
+                    "it may or may not have been stored",
+                    thread_id=thread_id,
+                ) from exc
+            raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
+        cursor = self._writer.record_written(thread_id, entry, base, snapshot, objects)
+        assert cursor.hot is not None
+        try:
+            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                work: list[Awaitable[Any]] = [
+                    self._writer.advance_hot(thread_id, cursor.hot, base.revision)
+                ]
+                if run is not None:
+                    work.append(self._writer.index_run(thread_id, run.run_id, cursor))
+                revision, *_ = await asyncio.gather(*work)
+                cursor.revision = revision
+        except (StoreError, TimeoutError) as exc:
+            self._writer.cursors.drop(thread_id)
+            self._stats["commit_unknown"] += 1
+            raise CommitUnknownError(
+                f"checkpoint {entry.seq} of thread {thread_id!r} is in the WAL but its hot "
+                f"record could not be updated ({exc}); it will be flushed",
+                thread_id=thread_id,
+                thread_seq=entry.seq,
+            ) from exc
+        return entry
+
+    async def _prime_snapshot(self, thread_id: str) -> bool:
+        cursor = await self._writer.cursor(thread_id)
+        if cursor.snapshot is not None:
+            return False
+        view = await self._view(thread_id)
+        if view.seq != cursor.seq:
+            self._writer.cursors.drop(thread_id)
+            return True
+        cursor.snapshot = view.messages
+        return True
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def load_thread(self, thread_id: str) -> Thread | None:
+        """The thread summary as of the latest acknowledged checkpoint."""
+        self._check_open()
+        check_id(thread_id, "thread_id")
+        if await self._inner_only(thread_id):
+            return await self.inner.load_thread(thread_id)
+        hot = await self._log.hot(thread_id)
+        if hot is not None:
+            return hot.record.thread
+        return await self.inner.load_thread(thread_id)
+
+    async def load_messages(self, thread_id: str) -> list[Message] | None:
+        """The latest message snapshot, unflushed checkpoints included."""
+        self._check_open()
+        check_id(thread_id, "thread_id")
+        if await self._inner_only(thread_id):
+            return await self.inner.load_messages(thread_id)
+        view = await self._view(thread_id)
+        return None if view.thread is None else messages_of(view.messages)
+
+    async def load_run(self, run_id: str) -> RunRecord | None:
+        """A run by id, unflushed versions included."""
+        self._check_open()
+        check_id(run_id, "run_id")
+        if self.config.read_consistency is not ReadConsistency.READ_YOUR_WRITES:
+            thread_id = await self._writer.run_thread(run_id)
+            if thread_id is not None:
+                await self._inner_only(thread_id)
+            return await self.inner.load_run(run_id)
+        indexed, stored = await asyncio.gather(
+            self._writer.run_thread(run_id), self.target.read_run(run_id)
+        )
+        thread_id = indexed or (stored.run.thread_id if stored else None)
+        if thread_id is None:
+            return None
+        versions, deleted_at = await self._pending_runs(thread_id)
+        candidates = dict(versions)
+        if stored is not None and stored.thread_seq > deleted_at:
+            current = candidates.get(run_id)
+            if current is None or current[1] < stored.thread_seq:
+                candidates[run_id] = (stored.run, stored.thread_seq)
+        found = candidates.get(run_id)
+        return found[0] if found else None
+
+    async def latest_run(self, thread_id: str) -> RunRecord | None:
+        """The run of the thread's latest checkpoint."""
+        thread = await self.load_thread(thread_id)
+        if thread is None or thread.latest_run_id is None:
+            return None
+        return await self.load_run(thread.latest_run_id)
+
+    async def list_runs(
+        self,
+        thread_id: str | None = None,
+        *,
+        status: RunStatus | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[RunRecord]:
+        """Runs, newest first; unflushed versions replace stored ones."""
+        self._check_open()
+        check_page(limit, offset)
+        if thread_id is not None:
+            check_id(thread_id, "thread_id")
+        mode = self.config.read_consistency
+        if mode is ReadConsistency.STRONG:
+            await (self.force_flush(thread_id) if thread_id else self.force_flush_all())
+        if mode is not ReadConsistency.READ_YOUR_WRITES:
+            return await self.inner.list_runs(thread_id, status=status, limit=limit, offset=offset)
+        if thread_id is not None:
+            versions, deleted_at = await self._pending_runs(thread_id)
+            pending = {thread_id: (versions, deleted_at)}
+        else:
+            pending = await self._tail_runs()
+        extra = sum(len(v) for v, _ in pending.values())
+        want = offset + limit
+        fetch = want + extra
+        while True:
+            stored = await self.target.read_runs(thread_id, status=status, limit=fetch, offset=0)
+            merged: dict[str, tuple[RunRecord, int]] = {}
+            for item in stored:
+                versions, deleted_at = pending.get(item.run.thread_id, ({}, 0))
+                if item.thread_seq > deleted_at:
+                    merged[item.run.run_id] = (item.run, item.thread_seq)
+            for versions, _ in pending.values():
+                for run_id, (run, seq) in versions.items():
+                    current = merged.get(run_id)
+                    if current is None or current[1] < seq:
+                        merged[run_id] = (run, seq)
+            runs = [r for r, _ in merged.values() if status is None or r.status == status]
+            if len(stored) < fetch or len(runs) >= want + extra:
+                break
+            fetch *= 2  # pending deletes hid stored rows: read further
+        runs.sort(key=run_sort_key, reverse=True)
+        return runs[offset : offset + limit]
+
+    async def list_threads(self, *, limit: int = 50, offset: int = 0) -> list[Thread]:
+        """Threads, newest `updated_at` first; unflushed checkpoints included."""
+        self._check_open()
+        check_page(limit, offset)
+        mode = self.config.read_consistency
+        if mode is ReadConsistency.STRONG:
+            await self.force_flush_all()
+        if mode is not ReadConsistency.READ_YOUR_WRITES:
+            return await self.inner.list_threads(limit=limit, offset=offset)
+        first, last = await self.wal.tail_bounds()
+        pending_ids = sorted(
+            {e.thread_id for e in await read_tail(self.wal, self.config, first, last)}
+        )
+        hots = await asyncio.gather(*(self._log.hot(t) for t in pending_ids))
+        overlay = {t: h.record.thread for t, h in zip(pending_ids, hots, strict=True) if h}
+        stored = await self.target.read_threads(limit=offset + limit + len(overlay), offset=0)
+        threads = [s.thread for s in stored if s.thread and s.thread_id not in overlay]
+        threads.extend(t for t in overlay.values() if t is not None)
+        threads.sort(key=thread_sort_key, reverse=True)
+        return threads[offset : offset + limit]
+
+    async def _inner_only(self, thread_id: str) -> bool:
+        """True when the read must go to the inner store (STRONG flushes first)."""
+        mode = self.config.read_consistency
+        if mode is ReadConsistency.STRONG:
+            await self.force_flush(thread_id)
+        return mode is not ReadConsistency.READ_YOUR_WRITES
+
+    async def _view(self, thread_id: str) -> ThreadView:
+        """The thread with its messages as of the latest acknowledged checkpoint."""
+        cursor = self._writer.cursors.get(thread_id)
+        if cursor is not None and cursor.snapshot is not None:
+            hot = await self._log.hot(thread_id)
+            if hot is not None and hot.record.seq == cursor.seq:
+                return ThreadView(
+                    seq=cursor.seq, thread=hot.record.thread, messages=cursor.snapshot, runs={}
+                )
+            stored = await self.target.read_thread(thread_id, with_messages=True)
+        else:
+            hot, stored = await asyncio.gather(
+                self._log.hot(thread_id), self.target.read_thread(thread_id, with_messages=True)
+            )
+        base = _base_view(stored)
+        if hot is None or hot.record.seq <= stored.flushed_seq:
+            return base
+        entries = await self._log.entries_between(
+            thread_id, stored.flushed_seq, hot.record.seq, hot.record
+        )
+        return fold(base, entries)
+
+    async def _pending_runs(self, thread_id: str) -> tuple[Versions, int]:
+        """Run versions of the thread's unflushed entries, and the seq of a pending delete."""
+        hot, flushed = await asyncio.gather(
+            self._log.hot(thread_id), self.target.flushed_seqs([thread_id])
+        )
+        after = flushed[thread_id]
+        if hot is None or hot.record.seq <= after:
+            return {}, 0
+        entries = await self._log.entries_between(thread_id, after, hot.record.seq, hot.record)
+        return _runs_of(entries)
+
+    async def _tail_runs(self) -> dict[str, tuple[Versions, int]]:
+        first, last = await self.wal.tail_bounds()
+        groups = group_by_thread(await read_tail(self.wal, self.config, first, last))
+        return {thread_id: _runs_of(entries) for thread_id, entries in groups.items()}
+
+    # -- flushing -------------------------------------------------------------------------
+
+    async def force_flush(self, thread_id: str, *, timeout: float = 10.0) -> int:  # noqa: ASYNC109
+        """Apply every acknowledged checkpoint of the thread to the inner store now.
+
+        Works with or without a flusher running; returns the flushed seq.
+        """
+        self._check_open()
+        check_id(thread_id, "thread_id")
+        try:
+            async with asyncio.timeout(timeout):
+                return await flush_thread(self._log, self.target, thread_id)
+        except TimeoutError as exc:
+            raise FlushTimeoutError(
+                f"force_flush of thread {thread_id!r} did not complete within {timeout}s",
+                thread_id=thread_id,
+            ) from exc
+
+    async def force_flush_all(self, *, timeout: float = 60.0) -> int:  # noqa: ASYNC109
+        """Flush every thread with unflushed entries; returns how many were flushed."""
+        self._check_open()
+        try:
+            async with asyncio.timeout(timeout):
+                first, last = await self.wal.tail_bounds()
+                threads = sorted(
+                    {e.thread_id for e in await read_tail(self.wal, self.config, first, last)}
+                )
+                gate = asyncio.Semaphore(16)
+
+                async def one(thread_id: str) -> None:
+                    async with gate:
+                        await flush_thread(self._log, self.target, thread_id)
+
+                await asyncio.gather(*(one(t) for t in threads))
+                return len(threads)
+        except TimeoutError as exc:
+            raise FlushTimeoutError(f"force_flush_all did not complete within {timeout}s") from exc
+
+    async def flush_status(self, thread_id: str) -> FlushStatus:
+        """Latest acknowledged and flushed seqs of a thread."""
+        self._check_open()
+        check_id(thread_id, "thread_id")
+        hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
+        try:
+            stored = (await self.target.flushed_seqs([thread_id]))[thread_id]
+        except StoreError:
+            stored = 0  # inner store unreachable: the KV mark still tells
+        flushed = max(stored, mark.seq if mark else 0)
+        latest = max(hot.record.seq if hot else 0, flushed)
+        return FlushStatus(thread_id=thread_id, latest_seq=latest, flushed_seq=flushed)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters of this instance (no metrics dependency)."""
+        return {
+            **self._stats,
+            "cas_conflicts": self._writer.conflicts,
+            "wal_bytes": self._writer.wal_bytes,
+            "nats_requests": self.wal.requests,
+        }
+
+    async def close(self) -> None:
+        """Drain this instance's threads (best effort), then close the NATS connection.
+
+        The inner store stays open: it belongs to the caller.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.config.drain_on_close:
+            await self._drain()
+        await self.wal.close()
+
+    async def _drain(self) -> None:
+        threads = self._writer.cursors.threads()
+        try:
+            async with asyncio.timeout(self.config.drain_timeout_s):
+                for thread_id in threads:
+                    await flush_thread(self._log, self.target, thread_id)
+        except (StoreError, TimeoutError) as exc:
+            # Entries stay safe in the WAL; a flusher will apply them.
+            log.warning(
+                "close: could not drain every thread (%s)", exc, extra={"action": "drain_skipped"}
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the buffered store is closed")
+
+
+def _base_view(stored: StoredThread) -> ThreadView:
+    return ThreadView(
+        seq=stored.flushed_seq,
+        thread=stored.thread,
+        messages=list(stored.messages or []) if stored.thread else [],
+        runs={},
+    )
+
+
+def _runs_of(entries: Sequence[WalEntry]) -> tuple[Versions, int]:
+    """Latest run versions after the last delete among entries, and that delete's seq."""
+    versions: Versions = {}
+    deleted_at = 0
+    for entry in entries:
+        if entry.kind is EntryKind.DELETE:
+            versions, deleted_at = {}, entry.seq
+        elif entry.run is not None:
+            current = versions.get(entry.run.run_id)
+            if current is None or current[1] < entry.seq:
+                versions[entry.run.run_id] = (entry.run, entry.seq)
+    return versions, deleted_at

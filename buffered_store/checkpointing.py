@@ -1,0 +1,114 @@
+"""Building the WAL entry of a checkpoint or delete: validation and the thread summary.
+
+Every store turns a `checkpoint()` call into the same `WalEntry`, so the direct stores,
+the buffered writer and the flusher agree on seqs, summaries and message deltas.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from buffered_store.entry import EntryKind, WalEntry
+from buffered_store.errors import ValidationError
+from buffered_store.messages import (
+    check_json_object,
+    check_json_value,
+    diff_snapshot,
+    encode_messages,
+)
+from buffered_store.records import RunRecord, Thread, check_aware, check_id
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInput:
+    """A validated `checkpoint()` call."""
+
+    thread_id: str
+    encoded: list[bytes]
+    """Canonical bytes of every message of the new snapshot."""
+    run: RunRecord
+    metadata: dict[str, Any] | None
+
+
+def validate_checkpoint(
+    thread_id: Any,
+    messages: Any,
+    run: Any,
+    metadata: Mapping[str, Any] | None,
+    *,
+    previous: Sequence[bytes] | None = None,
+    previous_objects: Sequence[Any] = (),
+) -> CheckpointInput:
+    """Check every argument of `checkpoint()`; raise `ValidationError` on the first problem."""
+    check_id(thread_id, "thread_id")
+    if not isinstance(run, RunRecord):
+        raise ValidationError(f"run must be a RunRecord, got {type(run).__name__}")
+    if run.thread_id != thread_id:
+        raise ValidationError(
+            f"run {run.run_id!r} belongs to thread {run.thread_id!r}, not {thread_id!r}"
+        )
+    check_json_value(run.output, "run.output")
+    check_json_object(run.metadata, "run.metadata")
+    checked_metadata = None if metadata is None else check_json_object(metadata, "metadata")
+    encoded = encode_messages(messages, previous, previous_objects)
+    return CheckpointInput(thread_id, encoded, run, checked_metadata)
+
+
+def build_checkpoint_entry(
+    call: CheckpointInput,
+    *,
+    previous: Thread | None,
+    previous_messages: Sequence[bytes] | None,
+    seq: int,
+    now: datetime,
+    writer: str = "",
+) -> WalEntry:
+    """The entry for a checkpoint at `seq` on top of the thread's previous state.
+
+    `previous` is the live thread summary before this checkpoint (None for a new or
+    deleted thread); `previous_messages` its snapshot, or None when unknown (the entry
+    then carries the full snapshot).
+    """
+    check_aware(now, "now")
+    delta = diff_snapshot(previous_messages if previous is not None else None, call.encoded)
+    if previous is not None:
+        created_at = previous.created_at
+        parent = previous.parent_thread_id or call.run.parent_thread_id
+        metadata: Mapping[str, Any] = (
+            call.metadata if call.metadata is not None else previous.metadata
+        )
+    else:
+        created_at = now
+        parent = call.run.parent_thread_id
+        metadata = call.metadata if call.metadata is not None else {}
+    return WalEntry(
+        thread_id=call.thread_id,
+        seq=seq,
+        kind=EntryKind.CHECKPOINT,
+        at=now,
+        keep=delta.keep,
+        messages=delta.appended,
+        message_count=delta.length,
+        run=call.run,
+        created_at=created_at,
+        parent_thread_id=parent,
+        metadata=metadata,
+        writer=writer,
+    )
+
+
+def build_delete_entry(thread_id: str, *, seq: int, now: datetime, writer: str = "") -> WalEntry:
+    """The entry that deletes a thread at `seq`."""
+    check_id(thread_id, "thread_id")
+    return WalEntry(thread_id=thread_id, seq=seq, kind=EntryKind.DELETE, at=now, writer=writer)
+
+
+def check_page(limit: Any, offset: Any) -> None:
+    """Validate `limit`/`offset` of list calls."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValidationError(f"{name} must be a non-negative integer, got {value!r}")

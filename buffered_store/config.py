@@ -1,0 +1,166 @@
+"""Configuration of the buffered store and the flusher: frozen, keyword-only, validated.
+
+Every field can also come from an environment variable named ``BUFSTORE_<FIELD>`` in upper
+case (e.g. ``BUFSTORE_NATS_URL``, ``BUFSTORE_FLUSH_INTERVAL_S``) through `from_env()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self, get_type_hints
+
+from buffered_store.errors import ConfigError
+from buffered_store.records import ReadConsistency
+
+ENV_PREFIX = "BUFSTORE_"
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Settings shared by the store and the flusher: where the WAL lives and how it flushes."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """Comma-separated NATS server URLs."""
+    credentials: str | None = None
+    """A NATS ``.creds`` file: its path or its contents."""
+    stream_name: str = "THREADLOG"
+    hot_bucket: str = "thread-hot"
+    quarantine_bucket: str = "thread-quarantine"
+    consumer_name: str = "thread-flusher"
+    max_age_s: float = 7 * 24 * 3600.0
+    """How long WAL entries are kept after being written (flushed or not)."""
+    duplicate_window_s: float = 120.0
+    """Window in which a retried publish with the same `Nats-Msg-Id` is deduplicated."""
+    replicas: int = 1
+    """Stream and bucket replicas (3 in a cluster for durability)."""
+    flush_interval_s: float = 0.5
+    """Collection window of the flusher: entries are coalesced per thread within it."""
+    flush_batch_size: int = 1024
+    """Most WAL messages one flush cycle takes."""
+    ack_wait_s: float = 30.0
+    """Time a flusher holds a message before the server redelivers it elsewhere."""
+    max_ack_pending: int = 20_000
+    request_timeout_s: float = 2.0
+    """Timeout of one NATS request."""
+    poison_attempts: int = 5
+    """Deliveries (or apply attempts) before an entry is quarantined."""
+
+    def __post_init__(self) -> None:
+        for name in ("stream_name", "hot_bucket", "quarantine_bucket", "consumer_name"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ConfigError(f"{name} must match [A-Za-z0-9_-]+, got {value!r}")
+        if "-" in self.stream_name:
+            raise ConfigError("stream_name must not contain '-' (it is a subject token)")
+        if not self.nats_url:
+            raise ConfigError("nats_url must not be empty")
+        positive = (
+            "max_age_s",
+            "duplicate_window_s",
+            "flush_interval_s",
+            "ack_wait_s",
+            "request_timeout_s",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("replicas", "flush_batch_size", "max_ack_pending", "poison_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.duplicate_window_s > self.max_age_s:
+            raise ConfigError("duplicate_window_s must not exceed max_age_s")
+
+    @property
+    def servers(self) -> list[str]:
+        """The NATS server URLs as a list."""
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    def credentials_option(self) -> Any:
+        """Credentials in the form nats-py accepts (a path, or raw file contents)."""
+        if self.credentials is None:
+            return None
+        if "-----BEGIN" in self.credentials:
+            from nats.aio.client import RawCredentials
+
+            return RawCredentials(self.credentials)
+        path = Path(self.credentials).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"credentials file {str(path)!r} does not exist")
+        return str(path)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Build from ``BUFSTORE_*`` variables; explicit keyword overrides win."""
+        env = os.environ if environ is None else environ
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for item in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + item.name.upper())
+            if raw is not None:
+                values[item.name] = _parse(raw, hints[item.name], item.name)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BufferedStoreConfig(EngineConfig):
+    """Configuration of `BufferedThreadRunStore`."""
+
+    read_consistency: ReadConsistency = ReadConsistency.READ_YOUR_WRITES
+    checkpoint_timeout_s: float = 10.0
+    """Budget of one checkpoint, retries of the publish included."""
+    drain_on_close: bool = True
+    """`close()` flushes the threads this instance wrote (best effort, bounded)."""
+    drain_timeout_s: float = 10.0
+    recent_window: int = 64
+    """Stream seqs of the latest entries kept in the hot record for direct reads."""
+    cursor_cache_threads: int = 4096
+    """Threads whose last snapshot this instance keeps to send append-only deltas."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.read_consistency, ReadConsistency):
+            try:
+                object.__setattr__(self, "read_consistency", ReadConsistency(self.read_consistency))
+            except ValueError:
+                raise ConfigError(f"unknown read_consistency {self.read_consistency!r}") from None
+        for name in ("checkpoint_timeout_s", "drain_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in ("recent_window", "cursor_cache_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _parse(raw: str, hint: Any, name: str) -> Any:
+    text = raw.strip()
+    try:
+        if hint is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+        if hint is ReadConsistency:
+            return ReadConsistency(text.lower())
+        if text == "" and "None" in str(hint):
+            return None
+        return text
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {name}") from None

@@ -1,0 +1,85 @@
+"""The error family of the project: every error we raise derives from `StoreError`.
+
+Each class says whether retrying the same call may succeed (`retriable`). Foreign errors
+(nats, SQLAlchemy, psycopg) are translated at the adapter that met them and re-raised
+``from`` the original, so callers only ever catch this family.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """The store failed."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or type(self).__name__).strip())
+
+
+class ValidationError(StoreError, ValueError):
+    """The input is invalid; nothing was written."""
+
+
+class PayloadTooLargeError(ValidationError):
+    """The checkpoint entry is larger than the WAL accepts; nothing was written."""
+
+
+class StoreClosedError(StoreError):
+    """The store is closed."""
+
+
+class ConfigError(StoreError):
+    """The configuration is invalid or conflicts with the existing server objects."""
+
+
+class BackendUnavailableError(StoreError):
+    """A backing service could not be reached; the call may succeed later."""
+
+    retriable = True
+
+
+class WalUnavailableError(BackendUnavailableError):
+    """NATS JetStream could not be reached or did not answer in time."""
+
+
+class DatabaseUnavailableError(BackendUnavailableError):
+    """The database could not be reached or did not answer in time."""
+
+
+class ConflictError(StoreError):
+    """Another writer changed the same thread concurrently; retry with fresh state."""
+
+    retriable = True
+
+
+class CommitUnknownError(StoreError):
+    """The checkpoint reached the WAL but its acknowledgement failed afterwards.
+
+    The entry is durable and will be flushed; readers may not see it until a later
+    checkpoint of the same thread or a flush. Do not blindly retry with a new snapshot
+    expecting the old one to be absent.
+    """
+
+    def __init__(self, message: str | None = None, *, thread_id: str = "", thread_seq: int = 0):
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.thread_seq = thread_seq
+
+
+class FlushTimeoutError(StoreError):
+    """A flush did not complete within its timeout."""
+
+    retriable = True
+
+    def __init__(self, message: str | None = None, *, thread_id: str | None = None) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+
+
+class SchemaError(StoreError):
+    """The database schema is missing or at an unexpected revision."""
+
+
+class CorruptEntryError(StoreError):
+    """A WAL payload could not be decoded into an entry."""

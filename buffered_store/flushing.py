@@ -1,0 +1,200 @@
+"""Reading a thread's entries back from the WAL and flushing them to a `FlushTarget`.
+
+Shared by `force_flush` (inline, no flusher process needed), the read overlay and the
+flusher service, so every path applies entries the same way: in seq order, with no gap,
+checked against the watermark inside the target, then the KV `flushed` mark is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from buffered_store.config import EngineConfig
+from buffered_store.entry import (
+    FlushedMark,
+    HotRecord,
+    WalEntry,
+    decode_entry,
+    decode_flushed,
+    decode_hot,
+    encode_flushed,
+)
+from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
+from buffered_store.keys import flushed_key, hot_key, thread_from_subject, wal_subject
+from buffered_store.target import ApplyStatus, FlushTarget
+from buffered_store.wal import StoredMsg, Wal
+
+log = logging.getLogger("buffered_store.flushing")
+
+
+@dataclass(frozen=True, slots=True)
+class HotState:
+    """A thread's hot record with its KV revision."""
+
+    record: HotRecord
+    revision: int
+
+
+class ThreadLog:
+    """Per-thread views of the WAL: hot records, watermarks and entry ranges."""
+
+    def __init__(self, wal: Wal, config: EngineConfig) -> None:
+        self.wal = wal
+        self.config = config
+
+    def subject(self, thread_id: str) -> str:
+        """WAL subject of a thread."""
+        return wal_subject(self.config.stream_name, thread_id)
+
+    async def hot(self, thread_id: str) -> HotState | None:
+        """The thread's hot record, or None when the WAL never saw it."""
+        value = await self.wal.kv_get(hot_key(thread_id))
+        if value is None:
+            return None
+        return HotState(decode_hot(value.value), value.revision)
+
+    async def mark(self, thread_id: str) -> FlushedMark | None:
+        """The thread's KV flushed watermark, or None."""
+        value = await self.wal.kv_get(flushed_key(thread_id))
+        return decode_flushed(value.value) if value else None
+
+    async def entries_between(
+        self, thread_id: str, after: int, upto: int, hot: HotRecord | None
+    ) -> list[WalEntry]:
+        """Entries with seq in (after, upto], in order.
+
+        Uses the stream seqs cached in the hot record when they cover the range (one round
+        of concurrent direct gets), else walks the subject from the flushed mark.
+        Raises `StoreError` when an entry of the range is no longer in the stream.
+        """
+        if upto <= after:
+            return []
+        wanted = range(after + 1, upto + 1)
+        known = dict(hot.recent) if hot else {}
+        entries: dict[int, WalEntry] = {}
+        if all(seq in known for seq in wanted):
+            for msg in await self.wal.get_many([known[seq] for seq in wanted]):
+                entry = self._decode(thread_id, msg)
+                if entry is not None and after < entry.seq <= upto:
+                    entries[entry.seq] = entry
+        if len(entries) < len(wanted):
+            entries.update(await self._walk(thread_id, after, upto, known))
+        missing = [seq for seq in wanted if seq not in entries]
+        if missing:
+            raise StoreError(
+                f"thread {thread_id!r}: entries {missing[0]}..{missing[-1]} are not in the WAL "
+                "(expired before they were flushed?)"
+            )
+        return [entries[seq] for seq in wanted]
+
+    async def _walk(
+        self, thread_id: str, after: int, upto: int, known: dict[int, int]
+    ) -> dict[int, WalEntry]:
+        # Entries of one subject sit in seq order (each publish is a per-subject CAS), so
+        # the walk can start at the newest stream position known to be at or below `after`.
+        start = 1
+        mark = await self.mark(thread_id)
+        if mark is not None and mark.seq <= after:
+            start = mark.stream_seq + 1
+        below = [stream_seq for seq, stream_seq in known.items() if seq <= after]
+        if below:
+            start = max(start, max(below) + 1)
+        subject = self.subject(thread_id)
+        found: dict[int, WalEntry] = {}
+        msg = await self.wal.next_on(subject, start)
+        while msg is not None:
+            entry = self._decode(thread_id, msg)
+            if entry is not None:
+                if after < entry.seq <= upto:
+                    found[entry.seq] = entry
+                if entry.seq >= upto:
+                    break
+            msg = await self.wal.next_on(subject, msg.seq + 1)
+        return found
+
+    def _decode(self, thread_id: str, msg: StoredMsg) -> WalEntry | None:
+        try:
+            entry = decode_entry(msg.data, stream_seq=msg.seq)
+        except CorruptEntryError:
+            return None  # garbage on the subject holds no seq; the flusher quarantines it
+        return entry if entry.thread_id == thread_id else None
+
+    async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
+        """Raise the KV flushed watermark to `seq` (never lowers it)."""
+        key = flushed_key(thread_id)
+        value = encode_flushed(FlushedMark(seq, stream_seq))
+        for _ in range(10):
+            current = await self.wal.kv_get(key)
+            if current is not None and decode_flushed(current.value).seq >= seq:
+                return
+            try:
+                await self.wal.kv_swap(key, value, revision=current.revision if current else None)
+                return
+            except ConflictError:
+                continue
+        log.warning("flushed mark of a thread kept moving", extra={"action": "mark_contended"})
+
+
+async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> int:
+    """Apply every entry of the thread acknowledged so far; return the flushed seq.
+
+    Works without any flusher running; safe against concurrent flushers (the target
+    checks the watermark inside its transaction).
+    """
+    hot = await log_.hot(thread_id)
+    for _ in range(20):
+        flushed = (await target.flushed_seqs([thread_id]))[thread_id]
+        if hot is None or flushed >= hot.record.seq:
+            return flushed
+        entries = await log_.entries_between(thread_id, flushed, hot.record.seq, hot.record)
+        [outcome] = await target.apply([entries])
+        if outcome.status is ApplyStatus.APPLIED:
+            last = entries[-1]
+            await log_.raise_mark(thread_id, last.seq, last.stream_seq)
+            return outcome.flushed_seq
+        if outcome.status is ApplyStatus.FAILED:
+            raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
+        await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
+    raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
+
+
+async def pending_threads(wal: Wal, config: EngineConfig) -> dict[str, int]:
+    """Threads with entries in the WAL tail (unacknowledged range), with their highest seq.
+
+    Costs O(tail entries): the range between the flusher consumer's ack floor and the end
+    of the stream, read with concurrent direct gets.
+    """
+    first, last = await wal.tail_bounds()
+    return {e.thread_id: e.seq for e in await read_tail(wal, config, first, last)}
+
+
+async def read_tail(wal: Wal, config: EngineConfig, first: int, last: int) -> list[WalEntry]:
+    """Decodable thread entries with stream seq in [first, last], in stream order."""
+
+    out: list[WalEntry] = []
+    if last < first:
+        return out
+    for msg in await wal.get_many(list(range(first, last + 1)), parallel=256):
+        thread_id = thread_from_subject(config.stream_name, msg.subject)
+        if thread_id is None:
+            continue
+        try:
+            entry = decode_entry(msg.data, stream_seq=msg.seq)
+        except CorruptEntryError:
+            continue
+        if entry.thread_id == thread_id:
+            out.append(entry)
+    return out
+
+
+def group_by_thread(entries: Sequence[WalEntry]) -> dict[str, list[WalEntry]]:
+    """Entries per thread, each list in seq order."""
+    groups: dict[str, list[WalEntry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.thread_id, []).append(entry)
+    for items in groups.values():
+        items.sort(key=lambda e: e.seq)
+    return groups

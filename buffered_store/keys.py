@@ -1,0 +1,80 @@
+"""Names on the NATS side: WAL subjects, KV keys and message ids for a thread.
+
+Thread ids are arbitrary Unicode; they are encoded as unpadded URL-safe base64 of their
+UTF-8 bytes, whose alphabet (A-Z a-z 0-9 - _) can never form a subject token separator
+or wildcard (".", "*", ">") nor whitespace. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from buffered_store.errors import ValidationError
+from buffered_store.records import check_id
+
+THREAD_SUBJECT_KIND = "t"
+"""Subject namespace of ThreadRunStore entries (other front-ends use their own)."""
+
+
+def encode_token(value: str) -> str:
+    """A subject/KV-safe token for an identifier."""
+    return base64.urlsafe_b64encode(value.encode("utf-8")).rstrip(b"=").decode("ascii")
+
+
+def decode_token(token: str) -> str:
+    """Inverse of `encode_token`."""
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        return base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+    except (binascii.Error, UnicodeError, ValueError) as exc:
+        raise ValidationError(f"not an encoded identifier: {token!r}") from exc
+
+
+def thread_token(thread_id: str) -> str:
+    """Validated, encoded thread id."""
+    return encode_token(check_id(thread_id, "thread_id"))
+
+
+def stream_subjects(stream: str) -> str:
+    """The subject filter the WAL stream captures."""
+    return f"{stream}.>"
+
+
+def wal_subject(stream: str, thread_id: str) -> str:
+    """The WAL subject of a thread's entries."""
+    return f"{stream}.{THREAD_SUBJECT_KIND}.{thread_token(thread_id)}"
+
+
+def thread_from_subject(stream: str, subject: str) -> str | None:
+    """The thread id a WAL subject belongs to, or None when it is not a thread subject."""
+    prefix = f"{stream}.{THREAD_SUBJECT_KIND}."
+    if not subject.startswith(prefix):
+        return None
+    token = subject[len(prefix) :]
+    if not token or "." in token:
+        return None
+    try:
+        return decode_token(token)
+    except ValidationError:
+        return None
+
+
+def hot_key(thread_id: str) -> str:
+    """KV key of the thread's hot record (latest seq and summary), written by writers."""
+    return f"h.{thread_token(thread_id)}"
+
+
+def flushed_key(thread_id: str) -> str:
+    """KV key of the thread's flushed watermark, written by flushers after commit."""
+    return f"f.{thread_token(thread_id)}"
+
+
+def run_key(run_id: str) -> str:
+    """KV key mapping a run id to its thread (written once per run)."""
+    return f"r.{encode_token(check_id(run_id, 'run_id'))}"
+
+
+def msg_id(thread_id: str, seq: int) -> str:
+    """`Nats-Msg-Id` of an entry: a retried publish of the same seq is deduplicated."""
+    return f"{thread_token(thread_id)}:{seq}"

@@ -1,0 +1,117 @@
+"""The `FlushTarget` seam: what the buffered store and the flusher need from an inner store.
+
+An inner store that implements it keeps a per-thread watermark (`flushed_seq`) with its
+data, applies a batch of WAL entries atomically with that watermark (so stale, duplicated
+or reordered entries can never move a thread backwards) and returns versions with its
+reads (so the read overlay can merge without races). `PostgresThreadRunStore` and
+`InMemoryThreadRunStore` implement it natively; any other `ThreadRunStore` is wrapped by
+the at-least-once `GenericFlushTarget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from buffered_store.entry import WalEntry
+from buffered_store.records import RunRecord, RunStatus, Thread
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredThread:
+    """A thread as the inner store holds it, read in one transaction with its watermark."""
+
+    thread_id: str
+    flushed_seq: int
+    """Seq of the last checkpoint applied (0 when the store never saw the thread)."""
+    thread: Thread | None
+    """None when the thread is absent or deleted (a tombstone keeps `flushed_seq`)."""
+    messages: list[bytes] | None = None
+    """Canonical message bytes, when requested."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionedRun:
+    """A stored run with the thread seq of the checkpoint that wrote it."""
+
+    run: RunRecord
+    thread_seq: int
+
+
+class ApplyStatus(StrEnum):
+    """Outcome of applying one thread's entries."""
+
+    APPLIED = "applied"
+    """The entries above the watermark were written; the watermark moved."""
+    STALE = "stale"
+    """Every entry was at or below the watermark; nothing was written."""
+    GAP = "gap"
+    """The first entry above the watermark is not watermark + 1; nothing was written."""
+    FAILED = "failed"
+    """Writing this thread failed (its part was rolled back); see `error`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOutcome:
+    """What `FlushTarget.apply` did for one thread."""
+
+    thread_id: str
+    status: ApplyStatus
+    flushed_seq: int
+    """The thread's watermark after the call."""
+    missing_from: int = 0
+    """For GAP: the first seq that must be fetched before the batch can apply."""
+    error: str | None = None
+    """For FAILED: what went wrong (the thread's entries stay unacknowledged)."""
+    retriable: bool = True
+    """For FAILED: whether the same entries may apply later (False: data problem)."""
+
+
+@runtime_checkable
+class FlushTarget(Protocol):
+    """Versioned reads and watermark-checked writes of an inner store."""
+
+    async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
+        """Apply each thread's entries (one inner sequence per thread) with its watermark.
+
+        For each thread the store locks its watermark, drops entries at or below it,
+        reports a GAP when the first remaining entry is not watermark + 1, and otherwise
+        writes the coalesced change and the new watermark atomically. A failure of one
+        thread is reported as FAILED without affecting the others; losing the database
+        itself raises `DatabaseUnavailableError`. Returns one outcome per batch, in order.
+        """
+        ...
+
+    async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
+        """The stored thread and its watermark, consistently."""
+        ...
+
+    async def read_run(self, run_id: str) -> VersionedRun | None:
+        """A stored run with its version."""
+        ...
+
+    async def read_runs(
+        self, thread_id: str | None, *, status: RunStatus | None, limit: int, offset: int
+    ) -> list[VersionedRun]:
+        """Stored runs in `list_runs` order, with their versions."""
+        ...
+
+    async def read_threads(self, *, limit: int, offset: int) -> list[StoredThread]:
+        """Stored live threads in `list_threads` order, with their watermarks (no messages)."""
+        ...
+
+    async def flushed_seqs(self, thread_ids: Sequence[str]) -> dict[str, int]:
+        """Watermarks of several threads (0 for unknown ones)."""
+        ...
+
+
+def run_sort_key(run: RunRecord) -> tuple[float, str]:
+    """Sort key for `list_runs` order (use with reverse=True)."""
+    return (run.created_at.timestamp(), run.run_id)
+
+
+def thread_sort_key(thread: Thread) -> tuple[float, str]:
+    """Sort key for `list_threads` order (use with reverse=True)."""
+    return (thread.updated_at.timestamp(), thread.thread_id)

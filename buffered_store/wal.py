@@ -1,0 +1,396 @@
+"""The NATS JetStream adapter: the WAL stream, the hot KV bucket and the flusher consumer.
+
+Thin on purpose: it awaits, translates nats errors into our family (in `_translate`) and
+counts requests; deciding what to write is the callers' business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors as jse
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+
+from buffered_store.config import EngineConfig
+from buffered_store.errors import ConfigError, ConflictError, StoreError, WalUnavailableError
+from buffered_store.keys import stream_subjects
+
+log = logging.getLogger("buffered_store.wal")
+T = TypeVar("T")
+
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_ID = "Nats-Msg-Id"
+WRONG_LAST_SEQUENCE = 10071
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMsg:
+    """A message read back from the stream."""
+
+    seq: int
+    subject: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KvValue:
+    """A KV value with its revision (for compare-and-set)."""
+
+    value: bytes
+    revision: int
+
+
+@asynccontextmanager
+async def translated(what: str) -> AsyncIterator[None]:
+    """Re-raise nats/asyncio failures of `what` as our errors."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except jse.KeyWrongLastSequenceError as exc:
+        raise ConflictError(f"{what}: the key changed meanwhile") from exc
+    except jse.APIError as exc:
+        if exc.err_code == WRONG_LAST_SEQUENCE:
+            raise ConflictError(f"{what}: another entry was appended meanwhile") from exc
+        if isinstance(exc, jse.ServiceUnavailableError):
+            raise WalUnavailableError(f"{what}: JetStream unavailable ({exc})") from exc
+        raise StoreError(f"{what}: JetStream refused the request ({exc})") from exc
+    except (
+        TimeoutError,
+        nats.errors.TimeoutError,
+        nats.errors.ConnectionClosedError,
+        nats.errors.NoServersError,
+        nats.errors.NoRespondersError,
+        nats.errors.StaleConnectionError,
+        nats.errors.OutboundBufferLimitError,
+        jse.NoStreamResponseError,
+        ConnectionError,
+        OSError,
+    ) as exc:
+        raise WalUnavailableError(f"{what}: NATS unavailable ({type(exc).__name__})") from exc
+
+
+class Wal:
+    """One NATS connection with the project's JetStream objects."""
+
+    def __init__(self, nc: Client, config: EngineConfig) -> None:
+        self.nc = nc
+        self.config = config
+        self.js: JetStreamContext = nc.jetstream(timeout=config.request_timeout_s)
+        self.stream = config.stream_name
+        self.requests = 0
+        """Requests sent to the server so far (each is one round trip)."""
+        self._hot: KeyValue | None = None
+        self._quarantine: KeyValue | None = None
+        self._count_requests()
+
+    def _count_requests(self) -> None:
+        # Every JetStream call (publish, direct get, KV update) is one nc.request: counting
+        # here measures round trips without touching the callers.
+        original: Callable[..., Awaitable[Any]] = self.nc.request
+
+        async def counting_request(*args: Any, **kwargs: Any) -> Any:
+            self.requests += 1
+            return await original(*args, **kwargs)
+
+        self.nc.request = counting_request  # type: ignore[method-assign]
+
+    @classmethod
+    async def connect(cls, config: EngineConfig, *, name: str = "bufstore") -> Wal:
+        """Connect (reconnecting forever afterwards) and open or create the JetStream objects."""
+        async with translated(f"connect to {config.nats_url}"):
+            nc = await nats.connect(
+                servers=config.servers,
+                name=name,
+                user_credentials=config.credentials_option(),
+                connect_timeout=config.request_timeout_s,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.2,
+                allow_reconnect=True,
+                error_cb=_log_error,
+                disconnected_cb=_log_event("nats_disconnected"),
+                reconnected_cb=_log_event("nats_reconnected"),
+            )
+        wal = cls(nc, config)
+        try:
+            await wal.ensure_objects()
+        except BaseException:
+            await nc.close()
+            raise
+        return wal
+
+    async def close(self) -> None:
+        """Flush pending writes and close the connection."""
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=self.config.request_timeout_s)
+            except Exception:  # closing anyway; nothing is pending that matters
+                await self.nc.close()
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def stream_config(self) -> StreamConfig:
+        """The WAL stream as the configuration asks for it."""
+        cfg = self.config
+        return StreamConfig(
+            name=self.stream,
+            subjects=[stream_subjects(self.stream)],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=cfg.max_age_s,
+            duplicate_window=cfg.duplicate_window_s,
+            num_replicas=cfg.replicas,
+            allow_direct=True,
+            discard=DiscardPolicy.OLD,
+        )
+
+    def consumer_config(self) -> ConsumerConfig:
+        """The durable flusher consumer as the configuration asks for it."""
+        cfg = self.config
+        return ConsumerConfig(
+            durable_name=cfg.consumer_name,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=cfg.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=cfg.max_ack_pending,
+            filter_subject=stream_subjects(self.stream),
+            max_waiting=512,
+        )
+
+    async def ensure_objects(self) -> None:
+        """Create the stream, buckets and consumer, or check the existing ones agree."""
+        async with translated("set up JetStream"):
+            await self._ensure_stream()
+            self._hot = await self._ensure_bucket(self.config.hot_bucket, history=1)
+            self._quarantine = await self._ensure_bucket(self.config.quarantine_bucket, history=1)
+            await self._ensure_consumer()
+
+    async def _ensure_stream(self) -> None:
+        wanted = self.stream_config()
+        try:
+            info = await self.js.stream_info(self.stream)
+        except jse.NotFoundError:
+            await self.js.add_stream(wanted)
+            return
+        have = info.config
+        conflicts = [
+            f"{name}: existing {old!r}, configured {new!r}"
+            for name, old, new in (
+                ("subjects", have.subjects, wanted.subjects),
+                ("retention", have.retention, wanted.retention),
+                ("storage", have.storage, wanted.storage),
+                ("num_replicas", have.num_replicas, wanted.num_replicas),
+                ("max_age", have.max_age, wanted.max_age),
+                ("duplicate_window", have.duplicate_window, wanted.duplicate_window),
+                ("allow_direct", bool(have.allow_direct), True),
+            )
+            if old != new
+        ]
+        if conflicts:
+            raise ConfigError(
+                f"stream {self.stream!r} exists with a different configuration ("
+                + "; ".join(conflicts)
+                + "). Change the configuration to match, or update the stream deliberately."
+            )
+
+    async def _ensure_bucket(self, bucket: str, *, history: int) -> KeyValue:
+        try:
+            return await self.js.key_value(bucket)
+        except (jse.BucketNotFoundError, jse.NotFoundError):
+            return await self.js.create_key_value(
+                KeyValueConfig(
+                    bucket=bucket,
+                    history=history,
+                    storage=StorageType.FILE,
+                    replicas=self.config.replicas,
+                    direct=True,
+                )
+            )
+
+    async def _ensure_consumer(self) -> None:
+        wanted = self.consumer_config()
+        try:
+            info = await self.js.consumer_info(self.stream, self.config.consumer_name)
+        except jse.NotFoundError:
+            try:
+                await self.js.add_consumer(self.stream, wanted)
+            except jse.BadRequestError:
+                # Created concurrently by another process with the same config: fine.
+                await self.js.consumer_info(self.stream, self.config.consumer_name)
+            return
+        have = info.config
+        conflicts = [
+            f"{name}: existing {old!r}, configured {new!r}"
+            for name, old, new in (
+                ("ack_policy", have.ack_policy, wanted.ack_policy),
+                ("ack_wait", have.ack_wait, wanted.ack_wait),
+                ("filter_subject", have.filter_subject, wanted.filter_subject),
+                ("deliver_policy", have.deliver_policy, wanted.deliver_policy),
+            )
+            if old != new
+        ]
+        if conflicts:
+            raise ConfigError(
+                f"consumer {self.config.consumer_name!r} exists with a different configuration ("
+                + "; ".join(conflicts)
+                + ")."
+            )
+
+    @property
+    def hot(self) -> KeyValue:
+        """The hot metadata bucket."""
+        assert self._hot is not None, "ensure_objects() first"
+        return self._hot
+
+    @property
+    def quarantine(self) -> KeyValue:
+        """The quarantine bucket."""
+        assert self._quarantine is not None, "ensure_objects() first"
+        return self._quarantine
+
+    # -- stream -------------------------------------------------------------------------
+
+    async def publish(
+        self, subject: str, payload: bytes, *, msg_id: str, expected_last_subject_seq: int
+    ) -> tuple[int, bool]:
+        """Append with a per-subject compare-and-set; returns (stream seq, duplicate).
+
+        Raises `ConflictError` when another entry is now the last one on the subject.
+        """
+        headers = {MSG_ID: msg_id, EXPECTED_LAST_SUBJECT_SEQ: str(expected_last_subject_seq)}
+        async with translated(f"publish {subject}"):
+            ack = await self.js.publish(subject, payload, headers=headers)
+        return ack.seq, bool(ack.duplicate)
+
+    async def get(self, seq: int) -> StoredMsg | None:
+        """The message at a stream seq, or None when absent."""
+        async with translated(f"get message {seq}"):
+            try:
+                raw = await self.js.get_msg(self.stream, seq=seq, direct=True)
+            except jse.NotFoundError:
+                return None
+        return _stored(raw)
+
+    async def last_on(self, subject: str) -> StoredMsg | None:
+        """The last message on a subject, or None."""
+        async with translated(f"get last message of {subject}"):
+            try:
+                raw = await self.js.get_last_msg(self.stream, subject, direct=True)
+            except jse.NotFoundError:
+                return None
+        return _stored(raw)
+
+    async def next_on(self, subject: str, from_seq: int) -> StoredMsg | None:
+        """The first message on a subject at or after a stream seq, or None."""
+        async with translated(f"get next message of {subject}"):
+            try:
+                raw = await self.js.get_msg(
+                    self.stream, seq=max(1, from_seq), subject=subject, next=True, direct=True
+                )
+            except jse.NotFoundError:
+                return None
+        return _stored(raw)
+
+    async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
+        """Messages at several stream seqs (absent ones skipped), fetched concurrently."""
+        out: list[StoredMsg] = []
+        for start in range(0, len(seqs), parallel):
+            chunk = await asyncio.gather(*(self.get(s) for s in seqs[start : start + parallel]))
+            out.extend(m for m in chunk if m is not None)
+        return out
+
+    async def tail_bounds(self) -> tuple[int, int]:
+        """(first unacknowledged stream seq, last stream seq) of the flusher consumer.
+
+        Everything not yet flushed lies in that range; so may some flushed entries acked
+        out of order, which readers drop by comparing with the watermarks.
+        """
+        async with translated("read WAL tail bounds"):
+            consumer, stream = await asyncio.gather(
+                self.js.consumer_info(self.stream, self.config.consumer_name),
+                self.js.stream_info(self.stream),
+            )
+        floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
+        return (floor or 0) + 1, stream.state.last_seq
+
+    # -- KV -----------------------------------------------------------------------------
+
+    async def kv_get(self, key: str, *, bucket: KeyValue | None = None) -> KvValue | None:
+        """A key's value and revision, or None when absent or deleted."""
+        kv = bucket or self.hot
+        async with translated(f"read {key}"):
+            try:
+                entry = await kv.get(key)
+            except (jse.KeyNotFoundError, jse.KeyDeletedError):
+                return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return KvValue(entry.value, entry.revision)
+
+    async def kv_get_many(self, keys: Sequence[str]) -> list[KvValue | None]:
+        """Several keys concurrently."""
+        return list(await asyncio.gather(*(self.kv_get(k) for k in keys)))
+
+    async def kv_swap(self, key: str, value: bytes, *, revision: int | None) -> int:
+        """Compare-and-set: write if the key is at `revision` (None: if it is absent).
+
+        Returns the new revision; raises `ConflictError` when the key moved meanwhile.
+        """
+        async with translated(f"update {key}"):
+            try:
+                if revision is None:
+                    return await self.hot.create(key, value)
+                return await self.hot.update(key, value, last=revision)
+            except jse.KeyWrongLastSequenceError as exc:
+                raise ConflictError(f"update {key}: the key changed meanwhile") from exc
+            except jse.APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE or "wrong last sequence" in str(exc):
+                    raise ConflictError(f"update {key}: the key changed meanwhile") from exc
+                raise
+
+    async def kv_put(self, key: str, value: bytes, *, bucket: KeyValue | None = None) -> int:
+        """Unconditional write."""
+        kv = bucket or self.hot
+        async with translated(f"put {key}"):
+            return await kv.put(key, value)
+
+    async def kv_delete(self, key: str, *, bucket: KeyValue | None = None) -> None:
+        """Delete a key."""
+        kv = bucket or self.hot
+        async with translated(f"delete {key}"):
+            await kv.delete(key)
+
+
+def _stored(raw: Any) -> StoredMsg:
+    return StoredMsg(seq=int(raw.seq), subject=str(raw.subject), data=bytes(raw.data or b""))
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats client error: %s", exc, extra={"action": "nats_error"})
+
+
+def _log_event(action: str) -> Callable[[], Awaitable[None]]:
+    async def callback() -> None:
+        log.info(action.replace("_", " "), extra={"action": action})
+
+    return callback

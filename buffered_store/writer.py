@@ -1,0 +1,355 @@
+"""The write path of the buffered store: per-thread cursors, the CAS append, the hot record.
+
+A checkpoint costs two sequential round trips in the steady state: the WAL publish (a
+compare-and-set on the thread's subject through `Nats-Expected-Last-Subject-Sequence`)
+and the KV update of the hot record (a compare-and-set on its revision). Both expected
+values come from this instance's cursor of the thread, so nothing is read first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.entry import (
+    EntryKind,
+    HotRecord,
+    WalEntry,
+    advance_hot,
+    decode_entry,
+    decode_hot,
+    encode_hot,
+)
+from buffered_store.errors import (
+    ConflictError,
+    CorruptEntryError,
+    WalUnavailableError,
+)
+from buffered_store.keys import hot_key, msg_id, run_key, wal_subject
+from buffered_store.messages import apply_delta
+from buffered_store.wal import StoredMsg, Wal
+
+log = logging.getLogger("buffered_store.writer")
+
+MAX_CONFLICTS = 100
+
+
+@dataclass(slots=True)
+class Cursor:
+    """What this instance knows of a thread's WAL position."""
+
+    seq: int
+    """Highest thread seq known to be in the stream."""
+    stream_seq: int
+    """Stream seq of the last message on the thread's subject (the CAS expectation)."""
+    hot: HotRecord | None
+    """Hot record at `seq` (what the KV holds, or will once our update lands)."""
+    revision: int | None
+    """KV revision of the hot key (None: the key does not exist)."""
+    snapshot: list[bytes] | None
+    """Canonical message bytes at `seq`, when known (None: send a full snapshot)."""
+    objects: list[Any] = field(default_factory=list)
+    """The caller's message objects at `seq`, to skip validating unchanged ones."""
+    runs: set[str] = field(default_factory=set)
+    """Run ids already indexed in KV by this instance."""
+
+
+class CursorCache:
+    """Bounded LRU of cursors, one per recently written thread."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: OrderedDict[str, Cursor] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, thread_id: str) -> Cursor | None:
+        """The cursor, marked as recently used."""
+        cursor = self._items.get(thread_id)
+        if cursor is not None:
+            self._items.move_to_end(thread_id)
+        return cursor
+
+    def put(self, thread_id: str, cursor: Cursor) -> None:
+        """Store a cursor, evicting the least recently used one past capacity."""
+        self._items[thread_id] = cursor
+        self._items.move_to_end(thread_id)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def drop(self, thread_id: str) -> None:
+        """Forget a thread (its next write reloads from NATS)."""
+        self._items.pop(thread_id, None)
+
+    def threads(self) -> list[str]:
+        """Threads with a cursor."""
+        return list(self._items)
+
+
+class ThreadLocks:
+    """One lock per thread id, created on demand and dropped when nobody holds it.
+
+    Serialises this instance's own writes to one thread (they would only conflict with
+    each other); different threads never wait for each other.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextmanager
+    def _track(self, thread_id: str) -> Iterator[asyncio.Lock]:
+        lock, users = self._locks.get(thread_id, (asyncio.Lock(), 0))
+        self._locks[thread_id] = (lock, users + 1)
+        try:
+            yield lock
+        finally:
+            lock, users = self._locks[thread_id]
+            if users == 1:
+                del self._locks[thread_id]
+            else:
+                self._locks[thread_id] = (lock, users - 1)
+
+    async def run(self, thread_id: str, work: Callable[[], Any]) -> Any:
+        """Run `work()` (a coroutine factory) holding the thread's lock."""
+        with self._track(thread_id) as lock:
+            async with lock:
+                return await work()
+
+
+@dataclass(slots=True)
+class AppendAttempt:
+    """Tracks whether a publish may have reached the server (for 'commit unknown')."""
+
+    sent: bool = False
+
+
+class Writer:
+    """Appends entries for threads and keeps their hot records current."""
+
+    def __init__(self, wal: Wal, config: BufferedStoreConfig) -> None:
+        self.wal = wal
+        self.config = config
+        self.cursors = CursorCache(config.cursor_cache_threads)
+        self.conflicts = 0
+        self.wal_bytes = 0
+        max_payload = getattr(wal.nc, "max_payload", 0) or 1024 * 1024
+        # Leave room for headers and the publish envelope.
+        self.max_entry_bytes = int(max_payload) - 4096
+
+    def subject(self, thread_id: str) -> str:
+        """WAL subject of a thread."""
+        return wal_subject(self.config.stream_name, thread_id)
+
+    async def cursor(self, thread_id: str) -> Cursor:
+        """This instance's cursor of the thread, loading it from NATS when unknown."""
+        cursor = self.cursors.get(thread_id)
+        if cursor is None:
+            cursor = await self.load_cursor(thread_id, None)
+            self.cursors.put(thread_id, cursor)
+        return cursor
+
+    async def load_cursor(self, thread_id: str, old: Cursor | None) -> Cursor:
+        """Rebuild the cursor from the hot record and the subject's last message.
+
+        The stream is the source of truth for seqs: when its last entry is newer than the
+        hot record (a writer died between its publish and its KV update), the entries in
+        between are walked and folded in, so their seqs are never reused.
+        """
+        subject = self.subject(thread_id)
+        value, last = await asyncio.gather(
+            self.wal.kv_get(hot_key(thread_id)), self.wal.last_on(subject)
+        )
+        hot = decode_hot(value.value) if value else None
+        revision = value.revision if value else None
+        snapshot = _known_snapshot(hot, old)
+        if last is None or (hot is not None and last.seq == hot.stream_seq):
+            return Cursor(
+                seq=hot.seq if hot else 0,
+                stream_seq=last.seq if last else 0,
+                hot=hot,
+                revision=revision,
+                snapshot=snapshot,
+                objects=old.objects if old and snapshot is old.snapshot else [],
+                runs=old.runs if old else set(),
+            )
+        record = hot
+        msg: StoredMsg | None = await self.wal.next_on(subject, hot.stream_seq + 1 if hot else 1)
+        while msg is not None:
+            entry = _entry_of(thread_id, msg)
+            if entry is not None and entry.seq == (record.seq if record else 0) + 1:
+                record = advance_hot(record, entry, msg.seq, window=self.config.recent_window)
+                snapshot = _advance_snapshot(snapshot, entry)
+            if msg.seq >= last.seq:
+                break
+            msg = await self.wal.next_on(subject, msg.seq + 1)
+        return Cursor(
+            seq=record.seq if record else 0,
+            stream_seq=last.seq,
+            hot=record,
+            revision=revision,
+            snapshot=snapshot,
+            runs=old.runs if old else set(),
+        )
+
+    async def append(
+        self,
+        thread_id: str,
+        build: Callable[[Cursor], tuple[WalEntry, bytes]],
+        attempt: AppendAttempt,
+    ) -> tuple[WalEntry, Cursor]:
+        """Publish the entry `build` makes from the current cursor, retrying on conflicts.
+
+        Returns the published entry (with its stream seq) and the cursor it was built on;
+        `attempt` records whether a publish went out.
+        """
+        cursor = await self.cursor(thread_id)
+        for _ in range(MAX_CONFLICTS):
+            entry, payload = build(cursor)
+            try:
+                stream_seq = await self._publish(thread_id, entry, payload, cursor, attempt)
+            except ConflictError:
+                self.conflicts += 1
+                cursor = await self.load_cursor(thread_id, cursor)
+                self.cursors.put(thread_id, cursor)
+                continue
+            self.wal_bytes += len(payload)
+            return replace(entry, stream_seq=stream_seq), cursor
+        raise ConflictError(f"thread {thread_id!r}: too many concurrent writers, gave up")
+
+    async def _publish(
+        self,
+        thread_id: str,
+        entry: WalEntry,
+        payload: bytes,
+        cursor: Cursor,
+        attempt: AppendAttempt,
+    ) -> int:
+        subject = self.subject(thread_id)
+        delay = 0.05
+        while True:
+            resent = attempt.sent
+            attempt.sent = True
+            try:
+                stream_seq, duplicate = await self.wal.publish(
+                    subject,
+                    payload,
+                    msg_id=msg_id(thread_id, entry.seq),
+                    expected_last_subject_seq=cursor.stream_seq,
+                )
+            except ConflictError:
+                # Servers check the expected sequence before deduplicating, so a retry of a
+                # publish that did land comes back as a conflict: look whether it is ours.
+                if resent:
+                    last = await self.wal.last_on(subject)
+                    if last is not None and _is_ours(last, entry):
+                        return last.seq
+                raise
+            except WalUnavailableError:
+                await asyncio.sleep(delay)  # the checkpoint's timeout bounds these retries
+                delay = min(delay * 2, 1.0)
+                continue
+            if duplicate:
+                stored = await self.wal.get(stream_seq)
+                if stored is None or not _is_ours(stored, entry):
+                    raise ConflictError(f"seq {entry.seq} of {thread_id!r} is taken")
+            return stream_seq
+
+    async def advance_hot(self, thread_id: str, record: HotRecord, revision: int | None) -> int:
+        """CAS the hot record forward; never moves it back. Returns the new revision."""
+        key = hot_key(thread_id)
+        delay = 0.02
+        while True:
+            try:
+                return await self.wal.kv_swap(key, encode_hot(record), revision=revision)
+            except ConflictError:
+                current = await self.wal.kv_get(key)
+                if current is not None:
+                    stored = decode_hot(current.value)
+                    if stored.seq >= record.seq:
+                        return current.revision
+                    record = _merge_recent(record, stored, self.config.recent_window)
+                revision = current.revision if current else None
+            except WalUnavailableError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def index_run(self, thread_id: str, run_id: str, cursor: Cursor) -> None:
+        """Record which thread a run belongs to (once per run and instance)."""
+        if run_id in cursor.runs:
+            return
+        await self.wal.kv_put(run_key(run_id), thread_id.encode("utf-8"))
+        cursor.runs.add(run_id)
+
+    async def run_thread(self, run_id: str) -> str | None:
+        """The thread a run was checkpointed on, from the KV run index."""
+        value = await self.wal.kv_get(run_key(run_id))
+        return value.value.decode("utf-8") if value else None
+
+    def record_written(
+        self,
+        thread_id: str,
+        entry: WalEntry,
+        base: Cursor,
+        snapshot: list[bytes],
+        objects: list[Any],
+    ) -> Cursor:
+        """The cursor after `entry` was published on top of `base`."""
+        cursor = Cursor(
+            seq=entry.seq,
+            stream_seq=entry.stream_seq,
+            hot=advance_hot(base.hot, entry, entry.stream_seq, window=self.config.recent_window),
+            revision=base.revision,
+            snapshot=snapshot,
+            objects=objects,
+            runs=base.runs,
+        )
+        self.cursors.put(thread_id, cursor)
+        return cursor
+
+
+def now_writer_nonce() -> str:
+    """A nonce identifying one write call (tells our publish from another writer's)."""
+    return secrets.token_hex(8)
+
+
+def _entry_of(thread_id: str, msg: StoredMsg) -> WalEntry | None:
+    try:
+        entry = decode_entry(msg.data, stream_seq=msg.seq)
+    except CorruptEntryError:
+        return None
+    return entry if entry.thread_id == thread_id else None
+
+
+def _is_ours(msg: StoredMsg, entry: WalEntry) -> bool:
+    stored = _entry_of(entry.thread_id, msg)
+    return stored is not None and stored.seq == entry.seq and stored.writer == entry.writer
+
+
+def _known_snapshot(hot: HotRecord | None, old: Cursor | None) -> list[bytes] | None:
+    if hot is None or hot.thread is None:
+        return []  # new or deleted thread: its snapshot is empty
+    if old is not None and old.seq == hot.seq:
+        return old.snapshot
+    return None
+
+
+def _advance_snapshot(snapshot: list[bytes] | None, entry: WalEntry) -> list[bytes] | None:
+    if entry.kind is EntryKind.DELETE:
+        return []
+    if entry.keep == 0:
+        return list(entry.messages)
+    if snapshot is None or entry.keep > len(snapshot):
+        return None
+    return apply_delta(snapshot, entry.keep, entry.messages)
+
+
+def _merge_recent(record: HotRecord, stored: HotRecord, window: int) -> HotRecord:
+    merged = dict(stored.recent)
+    merged.update(record.recent)
+    recent = tuple(sorted(merged.items()))[-window:]
+    return replace(record, recent=recent)

@@ -1,0 +1,48 @@
+"""Session-wide services for the whole suite.
+
+The first test needing ``services``/``nats_url``/``database_url`` starts a throwaway
+nats-server and PostgreSQL cluster (or uses NATS_URL / DATABASE_URL, or containers with
+BUFSTORE_SERVICES=containers; see buffered_store.devservices). If they cannot start, the
+tests error out loudly: they are never skipped, in CI or locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from buffered_store.devservices import DevServiceError, Services, start_services
+
+_SERVICE_FIXTURES = frozenset({"services", "nats_url", "database_url"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that (even indirectly) use the service fixtures get the ``integration`` marker."""
+    for item in items:
+        if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    try:
+        svc = start_services()
+    except DevServiceError as exc:
+        # Fail, never skip: a missing service must not turn the suite green.
+        raise RuntimeError(f"test services could not start: {exc}") from exc
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+@pytest.fixture(scope="session")
+def nats_url(services: Services) -> str:
+    return services.nats_url
+
+
+@pytest.fixture(scope="session")
+def database_url(services: Services) -> str:
+    """SQLAlchemy URL (``postgresql+psycopg://...``)."""
+    return services.database_url

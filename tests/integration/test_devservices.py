@@ -1,0 +1,268 @@
+"""buffered_store.devservices against real nats-server and PostgreSQL processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import psycopg
+import pytest
+from nats.js.errors import NoStreamResponseError
+
+from buffered_store import devservices as ds
+
+pytestmark = pytest.mark.integration
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def nats_server() -> Iterator[ds.NatsServer]:
+    server = ds.NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_server() -> Iterator[ds.PostgresServer]:
+    server = ds.PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+# ---- NATS ----------------------------------------------------------------------------------
+
+
+async def test_nats_connect_and_stop_leaves_no_process(nats_server: ds.NatsServer) -> None:
+    assert nats_server.port not in (4222,)
+    nc = await nats.connect(nats_server.url)
+    try:
+        info = await nc.jetstream().account_info()
+        assert info.streams == 0
+    finally:
+        await nc.close()
+    pid = nats_server.pid
+    assert pid is not None
+    assert ds.pid_alive(pid)
+    nats_server.stop()
+    assert not ds.pid_alive(pid)
+    assert nats_server.pid is None
+    assert not nats_server.running
+    assert not _port_open(nats_server.host, nats_server.port)
+    nats_server.stop()  # idempotent
+    tmp_root = nats_server.store_dir.parent
+    nats_server.close()
+    assert not tmp_root.exists()
+
+
+async def _publish_with_retry(js: nats.js.JetStreamContext, subject: str, data: bytes) -> int:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            ack = await js.publish(subject, data, timeout=1)
+            return int(ack.seq)
+        except (nats.errors.Error, NoStreamResponseError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def test_nats_restart_keeps_port_and_jetstream_data(nats_server: ds.NatsServer) -> None:
+    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="DEVSVC", subjects=["devsvc.>"])
+        for i in range(10):
+            await js.publish(f"devsvc.{i}", f"m{i}".encode())
+        port, old_pid = nats_server.port, nats_server.pid
+
+        await asyncio.to_thread(nats_server.restart)  # restart() blocks: keep the loop free
+
+        assert nats_server.port == port
+        assert not ds.pid_alive(old_pid)
+        assert nats_server.pid != old_pid
+        assert ds.pid_alive(nats_server.pid)
+        # the connected client reconnects to the same URL and can write again
+        assert await _publish_with_retry(js, "devsvc.after", b"after") == 11
+    finally:
+        await nc.close()
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("DEVSVC")
+        assert info.state.messages == 11
+        msg = await js.get_msg("DEVSVC", 3)
+        assert msg.data == b"m2"
+    finally:
+        await nc.close()
+
+
+async def test_nats_kill_keeps_acked_data(nats_server: ds.NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="KILLED", subjects=["killed.>"])
+        for i in range(5):
+            await js.publish("killed.x", f"k{i}".encode())
+    finally:
+        await nc.close()
+    pid = nats_server.pid
+    nats_server.kill()
+    assert not ds.pid_alive(pid)
+    nats_server.restart()
+    nc = await nats.connect(nats_server.url)
+    try:
+        info = await nc.jetstream().stream_info("KILLED")
+        assert info.state.messages == 5
+    finally:
+        await nc.close()
+
+
+async def test_nats_sync_always() -> None:
+    with ds.NatsServer(sync_always=True) as server:
+        assert server.config_path is not None
+        assert "sync_interval: always" in server.config_path.read_text()
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="SYNC", subjects=["sync.>"])
+            ack = await js.publish("sync.a", b"x")
+            assert ack.seq == 1
+        finally:
+            await nc.close()
+
+
+# ---- PostgreSQL ----------------------------------------------------------------------------
+
+
+def test_postgres_urls(pg_server: ds.PostgresServer) -> None:
+    port = pg_server.port
+    assert port != 5432
+    assert pg_server.url == f"postgresql+psycopg://postgres@127.0.0.1:{port}/bufstore"
+    assert pg_server.libpq_url == f"postgresql://postgres@127.0.0.1:{port}/bufstore"
+    assert pg_server.jdbc_url == f"jdbc:postgresql://127.0.0.1:{port}/bufstore?user=postgres"
+
+
+def test_postgres_restart_kill_and_stop(pg_server: ds.PostgresServer) -> None:
+    with psycopg.connect(pg_server.libpq_url, autocommit=True) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+        assert conn.execute("show fsync").fetchone() == ("off",)
+        assert conn.execute("show max_connections").fetchone() == ("200",)
+        conn.execute("create table t (id int primary key)")
+        conn.execute("insert into t values (1)")
+
+    port, old_pid = pg_server.port, pg_server.pid
+    assert old_pid is not None
+    pg_server.restart()
+    assert pg_server.port == port
+    assert not ds.pid_alive(old_pid)
+    assert pg_server.pid not in (None, old_pid)
+    with psycopg.connect(pg_server.libpq_url, autocommit=True) as conn:
+        conn.execute("insert into t values (2)")
+
+    # crash: SIGKILL postmaster + children; the next start does crash recovery
+    crashed = pg_server.pid
+    assert crashed is not None
+    children = ds._child_pids(crashed)
+    assert children  # checkpointer, walwriter, ...
+    pg_server.kill()
+    assert not ds.pid_alive(crashed)
+    assert not any(ds.pid_alive(c) for c in children)
+    assert not _port_open(pg_server.host, port)
+    pg_server.start()
+    with psycopg.connect(pg_server.libpq_url) as conn:
+        assert conn.execute("select count(*) from t").fetchone() == (2,)
+
+    last = pg_server.pid
+    pg_server.stop()
+    assert not ds.pid_alive(last)
+    assert pg_server.pid is None
+    assert not _port_open(pg_server.host, port)
+    base = pg_server.base_dir
+    pg_server.close()
+    assert not base.exists()
+
+
+# ---- Services / session fixtures -----------------------------------------------------------
+
+
+async def test_session_services_fixtures(
+    request: pytest.FixtureRequest, services: ds.Services, nats_url: str, database_url: str
+) -> None:
+    assert request.node.get_closest_marker("integration") is not None
+    assert nats_url == services.nats_url
+    assert database_url.startswith("postgresql+psycopg://")
+    if not os.environ.get("NATS_URL"):
+        assert services.nats_managed
+        assert not nats_url.endswith(":4222")
+    if not os.environ.get("DATABASE_URL"):
+        assert services.postgres_managed
+        assert ":5432/" not in database_url
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().account_info()
+    finally:
+        await nc.close()
+    with psycopg.connect(services.libpq_url) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_containers_mode_without_docker_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(ds.DevServiceError, match="Docker engine"):
+        ds.start_services(postgres=False, env={"BUFSTORE_SERVICES": "containers"})
+
+
+def test_module_entry_point_prints_urls_and_cleans_up(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NATS_URL", "DATABASE_URL", "BUFSTORE_SERVICES")
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "buffered_store.devservices"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    urls: dict[str, str] = {}
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("#"):
+                break
+            key, _, value = line.strip().partition("=")
+            urls[key] = value
+        assert set(urls) == {"NATS_URL", "DATABASE_URL", "JDBC_URL"}
+        nats_port = int(urls["NATS_URL"].rsplit(":", 1)[1])
+        with psycopg.connect(ds.to_libpq_url(urls["DATABASE_URL"])) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+        pg_port = int(urls["DATABASE_URL"].split(":")[-1].split("/")[0])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0
+    assert not _port_open("127.0.0.1", nats_port)
+    assert not _port_open("127.0.0.1", pg_port)
