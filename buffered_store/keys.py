@@ -26,9 +26,12 @@ def decode_token(token: str) -> str:
     """Inverse of `encode_token`."""
     try:
         padded = token + "=" * (-len(token) % 4)
-        return base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+        value = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
     except (binascii.Error, UnicodeError, ValueError) as exc:
         raise ValidationError(f"not an encoded identifier: {token!r}") from exc
+    if not value or encode_token(value) != token:
+        raise ValidationError(f"not a canonical encoded identifier: {token!r}")
+    return value
 
 
 def thread_token(thread_id: str) -> str:

@@ -44,17 +44,28 @@ def _check_json(value: Any, path: str) -> None:
         raise ValidationError(f"{path}: {type(value).__name__} cannot be encoded as JSON")
 
 
+def _check_encodable(value: Any, what: str) -> bytes:
+    # orjson refuses what _check_json cannot see cheaply: integers beyond 64 bits, lone
+    # surrogates, nesting deeper than 255 levels.
+    try:
+        return orjson.dumps(value, option=_OPTS)
+    except TypeError as exc:
+        raise ValidationError(f"{what} cannot be encoded as JSON: {exc}") from exc
+
+
 def check_json_object(value: Any, what: str) -> dict[str, Any]:
     """Validate a JSON object (metadata, run output...)."""
     if not isinstance(value, Mapping):
         raise ValidationError(f"{what} must be a JSON object, got {type(value).__name__}")
     _check_json(value, what)
+    _check_encodable(value, what)
     return dict(value)
 
 
 def check_json_value(value: Any, what: str) -> Any:
     """Validate any JSON value."""
     _check_json(value, what)
+    _check_encodable(value, what)
     return value
 
 
@@ -68,10 +79,7 @@ def encode_message(message: Any, index: int) -> bytes:
     if not isinstance(role, str) or not role:
         raise ValidationError(f"messages[{index}] needs a non-empty string 'role'")
     _check_json(message, f"messages[{index}]")
-    try:
-        return orjson.dumps(message, option=_OPTS)
-    except TypeError as exc:  # pragma: no cover - _check_json rejects these first
-        raise ValidationError(f"messages[{index}] cannot be encoded as JSON: {exc}") from exc
+    return _check_encodable(message, f"messages[{index}]")
 
 
 def encode_messages(
@@ -98,7 +106,8 @@ def encode_messages(
                 encoded = orjson.dumps(message, option=_OPTS)
             except TypeError:
                 encoded = b""
-            if encoded == previous[index]:
+            # NaN encodes as null, so bytes equal to a cached "null" prove nothing.
+            if encoded == previous[index] and b"null" not in encoded:
                 out.append(encoded)
                 continue
         out.append(encode_message(message, index))

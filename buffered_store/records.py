@@ -58,6 +58,10 @@ def check_id(value: object, what: str) -> str:
         raise ValidationError(f"{what} is longer than {MAX_ID_LENGTH} characters")
     if "\x00" in value:
         raise ValidationError(f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{what} is not valid Unicode (lone surrogate)") from None
     return value
 
 

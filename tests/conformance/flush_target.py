@@ -1,0 +1,348 @@
+"""`FlushTargetContract`: the `FlushTarget` behaviour every native inner store must have.
+
+Usage::
+
+    class TestMyTarget(FlushTargetContract):
+        @pytest.fixture
+        async def target(self) -> AsyncIterator[InnerStore]:
+            ...  # a FRESH, EMPTY store implementing ThreadRunStore and FlushTarget
+
+The `target` fixture must be empty when the test starts and owned by the test (listings
+are checked without filters). Entries are built with `Chain`, exactly as the buffered
+writer builds them, and the results are read back through both protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from buffered_store import Message, RunRecord, RunStatus, Thread, ThreadRunStore
+from buffered_store.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    validate_checkpoint,
+)
+from buffered_store.entry import WalEntry, decode_entry, encode_entry
+from buffered_store.target import ApplyStatus, FlushTarget
+from buffered_store.testing import InnerStore, make_messages, make_run
+
+from .helpers import T0, fresh_id
+
+__all__ = ["Chain", "FlushTargetContract", "TickingClock", "replace_entry"]
+
+
+class TickingClock:
+    """A fake clock: every reading is one millisecond after the previous one."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(milliseconds=1)
+        return self.now
+
+
+class Chain:
+    """Consecutive WAL entries of one thread, built the way the buffered writer builds them."""
+
+    def __init__(self, thread_id: str | None = None, clock: TickingClock | None = None) -> None:
+        self.thread_id = thread_id or fresh_id()
+        self.clock = clock or TickingClock()
+        self.seq = 0
+        self.thread: Thread | None = None
+        self.encoded: list[bytes] | None = None
+
+    def checkpoint(
+        self,
+        messages: Sequence[Message],
+        run: RunRecord | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> WalEntry:
+        """The next entry: a checkpoint of `messages` (a delta against the previous one)."""
+        call = validate_checkpoint(
+            self.thread_id, messages, run or make_run(self.thread_id), metadata
+        )
+        self.seq += 1
+        entry = build_checkpoint_entry(
+            call,
+            previous=self.thread,
+            previous_messages=self.encoded,
+            seq=self.seq,
+            now=self.clock(),
+        )
+        self.thread, self.encoded = entry.thread, call.encoded
+        return entry
+
+    def delete(self) -> WalEntry:
+        """The next entry: a delete."""
+        self.seq += 1
+        self.thread, self.encoded = None, None
+        return build_delete_entry(self.thread_id, seq=self.seq, now=self.clock())
+
+
+def replace_entry(entry: WalEntry, **changes: Any) -> WalEntry:
+    """A copy of an entry with some fields changed (to forge malformed entries)."""
+    fields = {name: getattr(entry, name) for name in WalEntry.__dataclass_fields__}
+    return WalEntry(**(fields | changes))
+
+
+class FlushTargetContract:
+    """Watermark-checked application of WAL entries, and versioned reads."""
+
+    async def test_implements_both_protocols(self, target: InnerStore) -> None:
+        assert isinstance(target, ThreadRunStore)
+        assert isinstance(target, FlushTarget)
+
+    async def test_apply_writes_entries_and_watermark(self, target: InnerStore) -> None:
+        chain = Chain()
+        run = make_run(chain.thread_id)
+        entries = [chain.checkpoint(make_messages(n), run) for n in (1, 2, 3)]
+        [outcome] = await target.apply([entries])
+        assert (outcome.thread_id, outcome.status, outcome.flushed_seq) == (
+            chain.thread_id,
+            ApplyStatus.APPLIED,
+            3,
+        )
+        assert await target.load_messages(chain.thread_id) == make_messages(3)
+        assert await target.load_thread(chain.thread_id) == chain.thread
+        assert await target.latest_run(chain.thread_id) == run
+        assert await target.flushed_seqs([chain.thread_id]) == {chain.thread_id: 3}
+
+    async def test_applies_batches_one_after_another(self, target: InnerStore) -> None:
+        chain = Chain()
+        run = make_run(chain.thread_id)
+        entries = [chain.checkpoint(make_messages(n), run.replace(steps=n)) for n in range(1, 11)]
+        for start in range(0, 10, 4):
+            [outcome] = await target.apply([entries[start : start + 4]])
+            assert outcome.flushed_seq == min(start + 4, 10)
+        assert await target.load_messages(chain.thread_id) == make_messages(10)
+        assert await target.latest_run(chain.thread_id) == run.replace(steps=10)
+
+    async def test_applies_several_threads_in_one_call(self, target: InnerStore) -> None:
+        chains = [Chain() for _ in range(8)]
+        batches = [[chain.checkpoint(make_messages(n)) for n in range(1, 6)] for chain in chains]
+        outcomes = await target.apply(batches)
+        assert [o.thread_id for o in outcomes] == [c.thread_id for c in chains]
+        assert {(o.status, o.flushed_seq) for o in outcomes} == {(ApplyStatus.APPLIED, 5)}
+        for chain, batch in zip(chains, batches, strict=True):
+            assert await target.load_thread(chain.thread_id) == batch[-1].thread
+            assert await target.load_messages(chain.thread_id) == make_messages(5)
+
+    async def test_several_runs_of_one_batch_all_survive(self, target: InnerStore) -> None:
+        chain = Chain()
+        runs = [make_run(chain.thread_id, created_at=T0 + timedelta(seconds=i)) for i in range(3)]
+        await target.apply([[chain.checkpoint(make_messages(1), run) for run in runs]])
+        assert await target.list_runs(chain.thread_id) == list(reversed(runs))
+        assert await target.latest_run(chain.thread_id) == runs[-1]
+
+    async def test_stale_batch_changes_nothing(self, target: InnerStore) -> None:
+        chain = Chain()
+        e1, e2 = chain.checkpoint(make_messages(1)), chain.checkpoint(make_messages(2))
+        await target.apply([[e1, e2]])
+        [outcome] = await target.apply([[e1]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.STALE, 2)
+        assert await target.load_messages(chain.thread_id) == make_messages(2)
+
+    async def test_gap_writes_nothing_and_names_the_missing_seq(self, target: InnerStore) -> None:
+        chain = Chain()
+        e1, e2 = chain.checkpoint(make_messages(1)), chain.checkpoint(make_messages(2))
+        [outcome] = await target.apply([[e2]])
+        assert (outcome.status, outcome.flushed_seq, outcome.missing_from) == (
+            ApplyStatus.GAP,
+            0,
+            1,
+        )
+        assert await target.load_thread(chain.thread_id) is None
+        [outcome] = await target.apply([[e1]])
+        assert outcome.status is ApplyStatus.APPLIED
+        [outcome] = await target.apply([[e2]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 2)
+
+    async def test_duplicated_and_reordered_entries_apply_once(self, target: InnerStore) -> None:
+        chain = Chain()
+        e1, e2, e3 = (chain.checkpoint(make_messages(n)) for n in (1, 2, 3))
+        [outcome] = await target.apply([[e3, e1, e2, e1, e3]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 3)
+        assert await target.load_messages(chain.thread_id) == make_messages(3)
+
+    async def test_only_the_contiguous_prefix_applies(self, target: InnerStore) -> None:
+        chain = Chain()
+        e1, e2, e3, e4 = (chain.checkpoint(make_messages(n)) for n in (1, 2, 3, 4))
+        [outcome] = await target.apply([[e1, e2, e4]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 2)
+        assert await target.load_messages(chain.thread_id) == make_messages(2)
+        [outcome] = await target.apply([[e4]])
+        assert (outcome.status, outcome.missing_from) == (ApplyStatus.GAP, 3)
+        [outcome] = await target.apply([[e3, e4]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 4)
+
+    async def test_older_entry_never_moves_a_thread_backwards(self, target: InnerStore) -> None:
+        chain = Chain()
+        run = make_run(chain.thread_id)
+        other_run = make_run(chain.thread_id)
+        e1 = chain.checkpoint(make_messages(1), run.replace(steps=1), metadata={"v": 1})
+        e2 = chain.checkpoint(make_messages(2), other_run)
+        e3 = chain.checkpoint(make_messages(3), run.replace(steps=3), metadata={"v": 3})
+        await target.apply([[e1, e2, e3]])
+        for late in ([e2], [e1], [e1, e2], [e2, e3]):
+            [outcome] = await target.apply([late])
+            assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.STALE, 3)
+        assert await target.load_thread(chain.thread_id) == e3.thread
+        assert await target.load_messages(chain.thread_id) == make_messages(3)
+        assert await target.latest_run(chain.thread_id) == run.replace(steps=3)
+        versioned = await target.read_run(run.run_id)
+        assert versioned is not None
+        assert (versioned.run.steps, versioned.thread_seq) == (3, 3)
+
+    async def test_deleted_thread_never_comes_back_from_a_late_entry(
+        self, target: InnerStore
+    ) -> None:
+        chain = Chain()
+        run = make_run(chain.thread_id)
+        e1, e2 = chain.checkpoint(make_messages(1), run), chain.checkpoint(make_messages(2), run)
+        await target.apply([[e1, e2]])
+        [outcome] = await target.apply([[chain.delete()]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 3)
+        for late in ([e1], [e2], [e1, e2]):
+            [outcome] = await target.apply([late])
+            assert outcome.status is ApplyStatus.STALE
+        assert await target.load_thread(chain.thread_id) is None
+        assert await target.load_run(run.run_id) is None
+        assert await target.flushed_seqs([chain.thread_id]) == {chain.thread_id: 3}
+        stored = await target.read_thread(chain.thread_id, with_messages=True)
+        assert (stored.flushed_seq, stored.thread, stored.messages) == (3, None, [])
+        # A new incarnation continues the seqs.
+        new_run = make_run(chain.thread_id)
+        [outcome] = await target.apply([[chain.checkpoint(make_messages(1, start=9), new_run)]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 4)
+        assert await target.list_runs(chain.thread_id) == [new_run]
+
+    async def test_delete_and_recreate_in_one_batch(self, target: InnerStore) -> None:
+        chain = Chain()
+        old_run = make_run(chain.thread_id)
+        await target.apply([[chain.checkpoint(make_messages(4), old_run, metadata={"old": 1})]])
+        new_run = make_run(chain.thread_id)
+        batch = [chain.delete(), chain.checkpoint(make_messages(1, start=7), new_run)]
+        [outcome] = await target.apply([batch])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 3)
+        assert await target.load_messages(chain.thread_id) == make_messages(1, start=7)
+        assert await target.load_run(old_run.run_id) is None
+        assert await target.list_runs(chain.thread_id) == [new_run]
+        thread = await target.load_thread(chain.thread_id)
+        assert thread is not None
+        assert dict(thread.metadata) == {}
+        assert thread.created_at == batch[1].at
+
+    async def test_a_failing_thread_does_not_affect_the_others(self, target: InnerStore) -> None:
+        good, bad = Chain(), Chain()
+        await target.apply([[bad.checkpoint(make_messages(2))]])
+        # Claims to keep more messages than the stored snapshot holds.
+        corrupt = replace_entry(bad.checkpoint(make_messages(3)), keep=5, message_count=6)
+        outcomes = await target.apply([[corrupt], [good.checkpoint(make_messages(1))]])
+        assert (outcomes[0].status, outcomes[0].retriable, outcomes[0].flushed_seq) == (
+            ApplyStatus.FAILED,
+            False,
+            1,
+        )
+        assert outcomes[0].error
+        assert outcomes[1].status is ApplyStatus.APPLIED
+        assert await target.load_messages(bad.thread_id) == make_messages(2)
+        assert await target.load_messages(good.thread_id) == make_messages(1)
+
+    @pytest.mark.parametrize("problem", ["other-thread-run", "mixed-batch", "empty-batch"])
+    async def test_malformed_batches_fail_without_writing(
+        self, target: InnerStore, problem: str
+    ) -> None:
+        chain = Chain()
+        entry = chain.checkpoint(make_messages(2))
+        if problem == "other-thread-run":
+            batch = [replace_entry(entry, run=make_run(fresh_id()))]
+        elif problem == "mixed-batch":
+            batch = [entry, Chain().checkpoint(make_messages(1))]
+        else:
+            batch = []
+        [outcome] = await target.apply([batch])
+        assert (outcome.status, outcome.retriable) == (ApplyStatus.FAILED, False)
+        assert outcome.error
+        assert await target.load_thread(chain.thread_id) is None
+        assert await target.list_threads() == []
+
+    async def test_wire_round_tripped_entries_apply(self, target: InnerStore) -> None:
+        chain = Chain()
+        run = make_run(chain.thread_id, output={"x": [1.5]})
+        messages = [*make_messages(3), {"role": "tool", "content": "é🧵", "n": [1, None]}]
+        entries = [chain.checkpoint(messages[:n], run) for n in (1, 2, 4)]
+        wire = [decode_entry(encode_entry(entry)) for entry in entries]
+        await target.apply([wire])
+        assert await target.load_messages(chain.thread_id) == messages
+        assert await target.load_run(run.run_id) == run
+
+    async def test_checkpoint_continues_after_applied_entries(self, target: InnerStore) -> None:
+        chain = Chain()
+        await target.apply([[chain.checkpoint(make_messages(n)) for n in (1, 2)]])
+        receipt = await target.checkpoint(
+            chain.thread_id, make_messages(3), make_run(chain.thread_id)
+        )
+        assert receipt.thread_seq == 3
+        [outcome] = await target.apply([[chain.checkpoint(make_messages(9))]])
+        assert outcome.status is ApplyStatus.STALE, "seq 3 is taken by the direct checkpoint"
+        assert await target.load_messages(chain.thread_id) == make_messages(3)
+
+    async def test_applied_entries_continue_after_direct_checkpoints(
+        self, target: InnerStore
+    ) -> None:
+        tid = fresh_id()
+        await target.checkpoint(tid, make_messages(2), make_run(tid))
+        stored = await target.read_thread(tid, with_messages=True)
+        chain = Chain(tid)
+        chain.seq, chain.thread, chain.encoded = stored.flushed_seq, stored.thread, stored.messages
+        [outcome] = await target.apply([[chain.checkpoint(make_messages(4))]])
+        assert (outcome.status, outcome.flushed_seq) == (ApplyStatus.APPLIED, 2)
+        assert await target.load_messages(tid) == make_messages(4)
+
+    async def test_versioned_reads(self, target: InnerStore) -> None:
+        clock = TickingClock()
+        first, second = Chain(clock=clock), Chain(clock=clock)
+        run_a = make_run(first.thread_id, status=RunStatus.DONE, created_at=T0)
+        run_b = make_run(first.thread_id, created_at=T0 + timedelta(seconds=1))
+        await target.apply(
+            [
+                [
+                    first.checkpoint(make_messages(1), run_a),
+                    first.checkpoint(make_messages(2), run_b),
+                ],
+                [second.checkpoint(make_messages(1))],
+            ]
+        )
+        stored = await target.read_thread(first.thread_id, with_messages=True)
+        assert (stored.flushed_seq, stored.thread) == (2, first.thread)
+        assert stored.messages == first.encoded
+        bare = await target.read_thread(first.thread_id, with_messages=False)
+        assert bare.messages is None
+        unknown = await target.read_thread(fresh_id(), with_messages=True)
+        assert (unknown.flushed_seq, unknown.thread, unknown.messages) == (0, None, [])
+
+        versioned = await target.read_runs(first.thread_id, status=None, limit=10, offset=0)
+        assert [(v.run, v.thread_seq) for v in versioned] == [(run_b, 2), (run_a, 1)]
+        done = await target.read_runs(None, status=RunStatus.DONE, limit=10, offset=0)
+        assert [v.run for v in done] == [run_a]
+        assert await target.read_run(fresh_id("run")) is None
+
+        threads = await target.read_threads(limit=10, offset=0)
+        assert [(t.thread_id, t.flushed_seq, t.messages) for t in threads] == [
+            (second.thread_id, 1, None),
+            (first.thread_id, 2, None),
+        ]
+        assert [t.thread for t in threads] == [second.thread, first.thread]
+        assert [t.thread_id for t in await target.read_threads(limit=1, offset=1)] == [
+            first.thread_id
+        ]
+        unknown_id = fresh_id()
+        assert await target.flushed_seqs([first.thread_id, unknown_id]) == {
+            first.thread_id: 2,
+            unknown_id: 0,
+        }
