@@ -128,13 +128,14 @@ class BufferedThreadRunStore:
         config: BufferedStoreConfig,
         clock: Callable[[], datetime],
     ) -> BufferedThreadRunStore:
+        wal = await Wal.connect(config, name="bufstore-store")
         if isinstance(inner, FlushTarget):
             target: FlushTarget = inner
         else:
-            from buffered_store.generic import GenericFlushTarget
+            from buffered_store.generic import GenericFlushTarget, KvWatermarks
 
-            target = GenericFlushTarget(inner)
-        wal = await Wal.connect(config, name="bufstore-store")
+            # Watermarks in the KV flushed marks: shared with every flusher process.
+            target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config)))
         return cls(inner, target, wal, config, clock=clock)
 
     async def __aenter__(self) -> BufferedThreadRunStore:

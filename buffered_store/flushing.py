@@ -56,6 +56,22 @@ class ThreadLog:
             return None
         return HotState(decode_hot(value.value), value.revision)
 
+    async def latest(self, thread_id: str) -> tuple[HotState | None, int]:
+        """The hot record and the highest seq in the stream for the thread.
+
+        The stream can be ahead of the hot record when a writer's KV update failed after
+        its publish ("commit unknown"); flushing must include that entry too.
+        """
+        hot, last = await asyncio.gather(
+            self.hot(thread_id), self.wal.last_on(self.subject(thread_id))
+        )
+        upto = hot.record.seq if hot else 0
+        if last is not None and (hot is None or last.seq > hot.record.stream_seq):
+            entry = self._decode(thread_id, last)
+            if entry is not None:
+                upto = max(upto, entry.seq)
+        return hot, upto
+
     async def mark(self, thread_id: str) -> FlushedMark | None:
         """The thread's KV flushed watermark, or None."""
         value = await self.wal.kv_get(flushed_key(thread_id))
@@ -144,12 +160,13 @@ async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> 
     Works without any flusher running; safe against concurrent flushers (the target
     checks the watermark inside its transaction).
     """
-    hot = await log_.hot(thread_id)
+    hot, upto = await log_.latest(thread_id)
     for _ in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
-        if hot is None or flushed >= hot.record.seq:
+        if flushed >= upto:
             return flushed
-        entries = await log_.entries_between(thread_id, flushed, hot.record.seq, hot.record)
+        record = hot.record if hot else None
+        entries = await log_.entries_between(thread_id, flushed, upto, record)
         [outcome] = await target.apply([entries])
         if outcome.status is ApplyStatus.APPLIED:
             last = entries[-1]

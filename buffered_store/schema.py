@@ -23,11 +23,13 @@ from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP
 metadata = MetaData()
 
 TSTZ = TIMESTAMP(timezone=True)
+ID = Text(collation="C")
+"""Identifiers sort by code point, as the read overlay merges them in Python."""
 
 threads = Table(
     "threads",
     metadata,
-    Column("thread_id", Text, primary_key=True),
+    Column("thread_id", ID, primary_key=True),
     Column("parent_thread_id", Text, nullable=True),
     Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("created_at", TSTZ, nullable=True),
@@ -50,7 +52,7 @@ threads = Table(
 messages = Table(
     "messages",
     metadata,
-    Column("thread_id", Text, nullable=False),
+    Column("thread_id", ID, nullable=False),
     Column("position", Integer, nullable=False),
     Column("role", Text, nullable=False),
     Column("message", JSONB, nullable=False),
@@ -61,8 +63,8 @@ messages = Table(
 runs = Table(
     "runs",
     metadata,
-    Column("run_id", Text, primary_key=True),
-    Column("thread_id", Text, nullable=False),
+    Column("run_id", ID, primary_key=True),
+    Column("thread_id", ID, nullable=False),
     Column("agent_id", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("parent_run_id", Text, nullable=True),

@@ -7,10 +7,36 @@ from importlib.metadata import entry_points
 
 import click
 
-_COMMAND_MODULES = ("db",)
+_COMMAND_MODULES = ("db", "store")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _PluginGroup(click.Group):
+    """Adds the commands of packages layered on top of this one (the flusher, the
+    benchmarks) from the "bufstore.commands" entry-point group, on first use.
+
+    Loading them lazily keeps the import direction one way and lets those packages
+    import `buffered_store.cli.common` without a cycle.
+    """
+
+    _loaded = False
+
+    def _load_plugins(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for entry in entry_points(group="bufstore.commands"):
+            entry.load()(self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_plugins()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load_plugins()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="buffered-thread-store")
 def main() -> None:
     """Write-buffering thread-checkpoint store: admin and operations commands."""
@@ -19,8 +45,3 @@ def main() -> None:
 for _name in _COMMAND_MODULES:
     _module = importlib.import_module(f"buffered_store.cli.{_name}")
     _module.register(main)
-
-# Packages layered on top of this one (the flusher) add their commands through the
-# "bufstore.commands" entry-point group, so the import direction stays one way.
-for _entry in entry_points(group="bufstore.commands"):
-    _entry.load()(main)

@@ -99,7 +99,10 @@ def test_credentials_path_must_exist(tmp_path: Path) -> None:
 
 
 def test_every_setting_is_documented_with_its_variable() -> None:
+    from flusher import FlusherConfig
+
     text = DOCS.read_text()
-    for field in dataclasses.fields(BufferedStoreConfig):
+    fields = {*dataclasses.fields(BufferedStoreConfig), *dataclasses.fields(FlusherConfig)}
+    for field in fields:
         assert f"`{field.name}`" in text, f"{field.name} missing from {DOCS.name}"
         assert f"BUFSTORE_{field.name.upper()}" in text

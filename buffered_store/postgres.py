@@ -1,0 +1,405 @@
+"""`PostgresThreadRunStore`: the Postgres inner store, and the "direct" baseline.
+
+It implements `ThreadRunStore` and `FlushTarget`. A direct `checkpoint()` builds the same
+`WalEntry` the buffered store would put on the WAL and writes it through the code path
+`apply()` uses, so the direct and the flushed paths cannot drift apart.
+
+Round trips (statements live in `buffered_store.postgres_sql`, parameters and rows in
+`buffered_store.postgres_codec`, reads and plumbing in `buffered_store.postgres_reads`;
+this module decides what to execute):
+
+- A checkpoint of a thread this process wrote last (the usual single-writer case) is one
+  statement in autocommit mode: a watermark-gated write that appends only the new
+  messages. When another writer moved the watermark meanwhile, the gate writes nothing
+  and the checkpoint falls back to the locking path.
+- Locking path: BEGIN, ``SELECT ... FOR UPDATE`` (plus an insert for a new thread), a read
+  of the stored snapshot when this process does not have it, the gated write, COMMIT.
+- `apply()`: one transaction for the whole call; per thread a lock and one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import orjson
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from buffered_store import migrate as migrations
+from buffered_store import postgres_codec as codec
+from buffered_store import postgres_sql as sql
+from buffered_store.checkpointing import (
+    CheckpointInput,
+    build_checkpoint_entry,
+    build_delete_entry,
+    validate_checkpoint,
+)
+from buffered_store.entry import WalEntry
+from buffered_store.errors import StoreError
+from buffered_store.planning import coalesce
+from buffered_store.postgres_reads import PostgresReads
+from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread, utcnow
+from buffered_store.target import ApplyOutcome, ApplyStatus
+
+__all__ = ["PostgresThreadRunStore"]
+
+_DATA_ERRORS = (sa_exc.IntegrityError, sa_exc.DataError)
+"""Errors caused by the data of one thread: that thread FAILS, the others go on."""
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What this process last wrote or read for a thread at `seq`."""
+
+    seq: int
+    thread: Thread
+    encoded: tuple[bytes, ...]
+    objects: tuple[Any, ...]
+    """The caller's message objects: identical ones skip validation next time."""
+
+
+class _SnapshotCache:
+    """Bounded LRU of thread snapshots; an entry is only trusted at its own seq."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, _Snapshot] = OrderedDict()
+
+    def get(self, thread_id: object) -> _Snapshot | None:
+        if not isinstance(thread_id, str):
+            return None
+        item = self._items.get(thread_id)
+        if item is not None:
+            self._items.move_to_end(thread_id)
+        return item
+
+    def put(self, thread_id: str, item: _Snapshot) -> None:
+        if self._capacity <= 0:
+            return
+        current = self._items.get(thread_id)
+        # Concurrent calls on one thread may finish out of order: keep the newest.
+        if current is None or current.seq < item.seq:
+            self._items[thread_id] = item
+        self._items.move_to_end(thread_id)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def discard(self, thread_id: str) -> None:
+        self._items.pop(thread_id, None)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+class PostgresThreadRunStore(PostgresReads):
+    """A `ThreadRunStore` and `FlushTarget` on PostgreSQL (SQLAlchemy 2 async + psycopg 3).
+
+    Build it with `connect`; use it as an async context manager or call `close`.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        schema: str = "public",
+        clock: Callable[[], datetime] | None = None,
+        cache_threads: int = 1024,
+    ) -> None:
+        super().__init__(engine, schema=schema)
+        self._clock = clock or utcnow
+        self._cache = _SnapshotCache(cache_threads)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        schema: str = "public",
+        migrate: bool = False,
+        clock: Callable[[], datetime] | None = None,
+        cache_threads: int = 1024,
+        **pool_options: Any,
+    ) -> PostgresThreadRunStore:
+        """Open a store on `url` (``postgresql://``, ``postgres://`` or a SQLAlchemy URL).
+
+        Args:
+            schema: the Postgres schema holding the tables.
+            migrate: run the Alembic upgrade first; otherwise the schema must already be
+                at the head revision (`SchemaError` tells to run ``bufstore db upgrade``).
+            clock: returns the current time (timezone-aware), for `created_at`/`updated_at`.
+            cache_threads: how many threads' latest snapshots to remember, so checkpoints
+                of recently written threads need neither a lock nor a read.
+            pool_options: passed to `sqlalchemy.ext.asyncio.create_async_engine`.
+        """
+        url = migrations.normalize_url(url)
+        migrations.check_schema_name(schema)
+        if migrate:
+            await asyncio.to_thread(migrations.upgrade, url, schema=schema)
+        pool_options.setdefault("pool_size", 10)
+        engine = create_async_engine(
+            url, json_serializer=_json_dumps, json_deserializer=orjson.loads, **pool_options
+        )
+        store = cls(engine, schema=schema, clock=clock, cache_threads=cache_threads)
+        try:
+            await store._check_schema()
+        except BaseException:
+            await engine.dispose()
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Close the connection pool; later calls raise `StoreClosedError`. Idempotent."""
+        self._cache.clear()
+        await super().close()
+
+    async def __aenter__(self) -> PostgresThreadRunStore:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- locking and writing -----------------------------------------------------------
+
+    async def _lock_existing(self, conn: AsyncConnection, thread_id: str) -> codec.ThreadRow | None:
+        row = (await self._execute(conn, sql.LOCK_THREAD, sql.bind(thread_id=thread_id))).first()
+        return codec.thread_row(row) if row is not None else None
+
+    async def _ensure(self, conn: AsyncConnection, thread_id: str) -> codec.ThreadRow:
+        """Insert and lock the row of a thread found missing (or lock a racer's row)."""
+        row = (await self._execute(conn, sql.ENSURE_THREAD, sql.bind(thread_id=thread_id))).one()
+        return codec.thread_row(row)
+
+    async def _lock(self, conn: AsyncConnection, thread_id: str) -> codec.ThreadRow:
+        row = await self._lock_existing(conn, thread_id)
+        return row if row is not None else await self._ensure(conn, thread_id)
+
+    async def _write(self, conn: AsyncConnection, write: codec.Write) -> bool:
+        """Execute a prepared write; False when its gate found another watermark."""
+        if write.reset:
+            await self._execute(conn, sql.RESET_THREAD, sql.bind(thread_id=write.thread_id))
+        applied = (await self._execute(conn, write.statement, write.params)).first() is not None
+        if applied:
+            self._stats["messages_written"] += write.messages
+            self._stats["runs_written"] += write.runs
+        return applied
+
+    async def _write_locked(self, conn: AsyncConnection, write: codec.Write) -> None:
+        if not await self._write(conn, write):  # pragma: no cover - we hold the row lock
+            raise StoreError(f"thread {write.thread_id!r} changed under its lock")
+
+    # -- ThreadRunStore: writes ------------------------------------------------------
+
+    async def checkpoint(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Store the snapshot of a thread after one step and upsert its run.
+
+        Only the messages that differ from the stored snapshot are written.
+        """
+        self._check_open()
+        cached = self._cache.get(thread_id)
+        call = validate_checkpoint(
+            thread_id,
+            messages,
+            run,
+            metadata,
+            previous=cached.encoded if cached else None,
+            previous_objects=cached.objects if cached else (),
+        )
+        codec.check_key(call.thread_id, "thread_id")
+        with self._guard():
+            entry = await self._checkpoint_cached(call, cached) if cached else None
+            if entry is None:
+                entry = await self._checkpoint_locked(call)
+        assert entry.thread is not None
+        self._cache.put(
+            call.thread_id,
+            _Snapshot(entry.seq, entry.thread, tuple(call.encoded), tuple(messages)),
+        )
+        self._stats["checkpoints"] += 1
+        return CheckpointReceipt(thread_id=call.thread_id, thread_seq=entry.seq)
+
+    async def _checkpoint_cached(self, call: CheckpointInput, cached: _Snapshot) -> WalEntry | None:
+        """One autocommit statement, gated on the cached seq still being the latest."""
+        entry = build_checkpoint_entry(
+            call,
+            previous=cached.thread,
+            previous_messages=cached.encoded,
+            seq=cached.seq + 1,
+            now=self._clock(),
+        )
+        count = cached.thread.message_count
+        write = codec.build_write(
+            coalesce([entry], stored_count=count),
+            expected_seq=cached.seq,
+            stored_count=count,
+            at=entry.at,
+        )
+        async with self._auto.connect() as conn:
+            applied = await self._write(conn, write)
+        self._stats["transactions"] += 1
+        if not applied:
+            self._cache.discard(call.thread_id)
+            return None
+        self._stats["fast_checkpoints"] += 1
+        return entry
+
+    async def _checkpoint_locked(self, call: CheckpointInput) -> WalEntry:
+        async with self._transaction() as conn:
+            row = await self._lock(conn, call.thread_id)
+            entry = build_checkpoint_entry(
+                call,
+                previous=row.thread,
+                previous_messages=await self._stored_snapshot(conn, row),
+                seq=row.flushed_seq + 1,
+                now=self._clock(),
+            )
+            write = codec.build_write(
+                coalesce([entry], stored_count=row.message_count),
+                expected_seq=row.flushed_seq,
+                stored_count=row.message_count,
+                at=entry.at,
+            )
+            await self._write_locked(conn, write)
+        return entry
+
+    async def _stored_snapshot(
+        self, conn: AsyncConnection, row: codec.ThreadRow
+    ) -> list[bytes] | None:
+        """The locked thread's snapshot: from the cache at the same seq, else read."""
+        if row.thread is None:
+            return None
+        cached = self._cache.get(row.thread_id)
+        if cached is not None and cached.seq == row.flushed_seq:
+            return list(cached.encoded)
+        if row.message_count == 0:
+            return []
+        self._stats["snapshot_reads"] += 1
+        params = sql.bind(thread_id=row.thread_id, count=row.message_count)
+        return codec.canonical(
+            (await self._execute(conn, sql.SELECT_STORED_MESSAGES, params)).scalar()
+        )
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread (a tombstone keeps its seq); unknown threads are ignored."""
+        self._check_open()
+        codec.check_key(thread_id, "thread_id")
+        self._cache.discard(thread_id)
+        with self._guard():
+            async with self._transaction() as conn:
+                row = await self._lock_existing(conn, thread_id)
+                if row is None or row.thread is None:
+                    return
+                entry = build_delete_entry(thread_id, seq=row.flushed_seq + 1, now=self._clock())
+                write = codec.build_write(
+                    coalesce([entry], stored_count=row.message_count),
+                    expected_seq=row.flushed_seq,
+                    stored_count=row.message_count,
+                    at=entry.at,
+                )
+                await self._write_locked(conn, write)
+        self._stats["deletes"] += 1
+
+    # -- FlushTarget: apply ----------------------------------------------------------
+
+    async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
+        """Apply each thread's entries with its watermark, in one transaction.
+
+        Threads are locked in sorted id order, so concurrent flushers cannot deadlock.
+        A thread whose data the database rejects is rolled back alone and reported
+        FAILED; losing the database raises `DatabaseUnavailableError` (nothing committed).
+        """
+        self._check_open()
+        outcomes: list[ApplyOutcome | None] = [None] * len(batches)
+        order: list[int] = []
+        for index, batch in enumerate(batches):
+            if batch:
+                order.append(index)
+            else:
+                outcomes[index] = ApplyOutcome(
+                    "", ApplyStatus.FAILED, 0, error="empty batch: no entries", retriable=False
+                )
+        order.sort(key=lambda index: batches[index][0].thread_id)
+        self._stats["apply_calls"] += 1
+        with self._guard():
+            try:
+                done = await self._apply_all(batches, order, savepoints=False)
+            except _DATA_ERRORS:
+                # Savepoints cost two round trips per thread, so they are only paid for
+                # once a thread's data was rejected: redo the call isolating each thread.
+                done = await self._apply_all(batches, order, savepoints=True)
+        for index, (outcome, entries) in done.items():
+            outcomes[index] = outcome
+            self._count(outcome, entries)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _count(self, outcome: ApplyOutcome, entries: int) -> None:
+        if outcome.status is ApplyStatus.APPLIED:
+            self._cache.discard(outcome.thread_id)
+            self._stats["thread_applications"] += 1
+            self._stats["applied_entries"] += entries
+        else:
+            key = {"stale": "stale", "gap": "gaps", "failed": "failed"}[outcome.status.value]
+            self._stats[key] += 1
+
+    async def _apply_all(
+        self, batches: Sequence[Sequence[WalEntry]], order: list[int], *, savepoints: bool
+    ) -> dict[int, tuple[ApplyOutcome, int]]:
+        done: dict[int, tuple[ApplyOutcome, int]] = {}
+        async with self._transaction() as conn:
+            for index in order:
+                done[index] = await self._apply_thread(conn, batches[index], savepoints)
+        return done
+
+    async def _apply_thread(
+        self, conn: AsyncConnection, entries: Sequence[WalEntry], savepoints: bool
+    ) -> tuple[ApplyOutcome, int]:
+        thread_id = entries[0].thread_id
+        try:
+            codec.check_key(thread_id, "thread_id")
+        except StoreError as error:
+            return codec.failed(thread_id, 0, error), 0
+        row = await self._lock_existing(conn, thread_id)
+        # Plan against "absent" before inserting a row for a new thread, so a batch that
+        # is not applied never leaves an empty row behind.
+        base = row or codec.ThreadRow(thread_id, 0, 0, None)
+        planned = codec.plan_batch(entries, base)
+        if isinstance(planned, ApplyOutcome):
+            return planned, 0
+        isolate = conn.begin_nested() if savepoints else contextlib.nullcontext()
+        try:
+            async with isolate:
+                if row is None:
+                    row = await self._ensure(conn, thread_id)
+                    if row.flushed_seq != 0:  # another flusher created it meanwhile
+                        planned = codec.plan_batch(entries, row)
+                        if isinstance(planned, ApplyOutcome):
+                            return planned, 0
+                await self._write_locked(conn, planned.write)
+        except _DATA_ERRORS as error:
+            if not savepoints:
+                raise
+            return codec.failed(thread_id, base.flushed_seq, error), 0
+        return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries

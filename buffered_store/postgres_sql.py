@@ -1,0 +1,307 @@
+"""SQL of `PostgresThreadRunStore`: the statements, built with SQLAlchemy Core.
+
+Pure: nothing here awaits or opens a connection, so the statements can be rendered and
+tested without a database (parameters and rows: `buffered_store.postgres_codec`).
+Statements are built once per shape and cached; the schema is applied at execution time
+(``schema_translate_map``), so one set of statements serves every schema.
+
+The write of one thread is a single statement: a ``gate`` CTE locks the thread row only if
+its watermark still equals the expected seq, and every data-modifying CTE (messages,
+runs) and the final ``UPDATE threads`` is conditional on that gate. It returns the new
+watermark, or no row when the gate failed, in which case nothing was written. The direct
+store therefore commits an append-only checkpoint in one round trip when its cache is
+current, and falls back to explicit locking otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Delete,
+    Exists,
+    Integer,
+    MetaData,
+    Select,
+    String,
+    Table,
+    Text,
+    Update,
+    and_,
+    any_,
+    bindparam,
+    cast,
+    column,
+    delete,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from buffered_store.schema import TSTZ, messages, runs, threads
+
+alembic_version = Table("alembic_version", MetaData(), Column("version_num", String(32)))
+"""Alembic's version table, for the schema check at connect time."""
+
+THREAD_COLUMNS = (
+    threads.c.thread_id,
+    threads.c.parent_thread_id,
+    threads.c.metadata,
+    threads.c.created_at,
+    threads.c.updated_at,
+    threads.c.latest_run_id,
+    threads.c.message_count,
+    threads.c.flushed_seq,
+    threads.c.deleted_at,
+)
+
+_TEXT_ARRAY = ARRAY(Text)
+
+
+def _p(name: str, type_: Any = Text) -> Any:
+    # Prefixed: SQLAlchemy reserves bind names equal to column names in INSERT/UPDATE.
+    return bindparam(f"p_{name}", type_=type_)
+
+
+def bind(**values: Any) -> dict[str, Any]:
+    """Execution parameters for the statements of this module."""
+    return {f"p_{name}": value for name, value in values.items()}
+
+
+# -- reads -------------------------------------------------------------------------------
+
+_messages_agg = (
+    select(func.json_agg(aggregate_order_by(messages.c.message, messages.c.position)))
+    .where(
+        messages.c.thread_id == threads.c.thread_id,
+        messages.c.position < threads.c.message_count,
+    )
+    .scalar_subquery()
+    .label("messages")
+)
+
+SELECT_THREAD = select(*THREAD_COLUMNS).where(threads.c.thread_id == _p("thread_id"))
+"""One thread row (tombstones included)."""
+
+SELECT_THREAD_WITH_MESSAGES = select(*THREAD_COLUMNS, _messages_agg).where(
+    threads.c.thread_id == _p("thread_id")
+)
+"""One thread row and its messages as a JSON array, in one statement (one snapshot)."""
+
+LOCK_THREAD = SELECT_THREAD.with_for_update()
+"""Lock an existing thread row."""
+
+_ensure = pg_insert(threads).values(thread_id=_p("thread_id"))
+ENSURE_THREAD = _ensure.on_conflict_do_update(
+    index_elements=[threads.c.thread_id],
+    # A no-op update: it locks and returns the row a concurrent writer may have inserted.
+    set_={"flushed_seq": threads.c.flushed_seq},
+).returning(*THREAD_COLUMNS)
+"""Insert an empty row for a new thread, or lock the existing one; returns it either way."""
+
+SELECT_STORED_MESSAGES = select(
+    func.json_agg(aggregate_order_by(messages.c.message, messages.c.position))
+).where(messages.c.thread_id == _p("thread_id"), messages.c.position < _p("count", Integer))
+"""The stored snapshot of a thread (read under its lock when the cache misses)."""
+
+SELECT_RUN = select(runs.c.record, runs.c.thread_seq).where(runs.c.run_id == _p("run_id"))
+"""One run with the seq that wrote it."""
+
+SELECT_LATEST_RUN = (
+    select(runs.c.record)
+    .select_from(
+        threads.join(
+            runs,
+            and_(runs.c.run_id == threads.c.latest_run_id, runs.c.thread_id == threads.c.thread_id),
+        )
+    )
+    .where(threads.c.thread_id == _p("thread_id"), threads.c.deleted_at.is_(None))
+)
+"""The run named by a live thread's `latest_run_id` (if it still belongs to the thread)."""
+
+SELECT_LIVE_THREADS = (
+    select(*THREAD_COLUMNS)
+    .where(threads.c.deleted_at.is_(None))
+    .order_by(threads.c.updated_at.desc(), threads.c.thread_id.desc())
+    .limit(_p("limit", Integer))
+    .offset(_p("offset", Integer))
+)
+"""Live threads in `list_threads` order (served by ``threads_live_updated_idx``)."""
+
+SELECT_FLUSHED_SEQS = select(threads.c.thread_id, threads.c.flushed_seq).where(
+    threads.c.thread_id == any_(_p("thread_ids", _TEXT_ARRAY))
+)
+"""Watermarks of many threads in one statement (equality only: ids are never patterns)."""
+
+SELECT_SCHEMA_VERSION = select(alembic_version.c.version_num)
+"""The schema's Alembic revision."""
+
+
+@functools.cache
+def select_runs(*, by_thread: bool, by_status: bool) -> Select[Any]:
+    """Runs in `list_runs` order; each filter combination has a matching index."""
+    stmt = select(runs.c.record, runs.c.thread_seq)
+    if by_thread:
+        stmt = stmt.where(runs.c.thread_id == _p("thread_id"))
+    if by_status:
+        stmt = stmt.where(runs.c.status == _p("status"))
+    return (
+        stmt.order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+        .limit(_p("limit", Integer))
+        .offset(_p("offset", Integer))
+    )
+
+
+# -- writes ------------------------------------------------------------------------------
+
+RESET_THREAD: Delete = (
+    delete(messages)
+    .where(messages.c.thread_id == _p("thread_id"))
+    .add_cte(delete(runs).where(runs.c.thread_id == _p("thread_id")).cte("reset_runs"))
+)
+"""Drop a thread's messages and runs before a change that re-creates it after a delete."""
+
+
+def _gate() -> tuple[Any, Exists]:
+    gate = (
+        select(threads.c.thread_id)
+        .where(
+            threads.c.thread_id == _p("thread_id"),
+            threads.c.flushed_seq == _p("expected_seq", BigInteger),
+        )
+        .with_for_update()
+        .cte("gate")
+    )
+    return gate, select(gate.c.thread_id).exists()
+
+
+def _upsert_messages(gated: Exists) -> Any:
+    # One array parameter of pre-encoded JSON, expanded server-side: the statement text is
+    # the same for any number of rows, so psycopg prepares it once per connection.
+    rows = (
+        func.unnest(cast(_p("messages", _TEXT_ARRAY), ARRAY(JSONB)))
+        .table_valued(column("message", JSONB), with_ordinality="ordinal")
+        .render_derived(name="new_messages")
+    )
+    source = select(
+        _p("thread_id"),
+        cast(_p("keep", Integer) + rows.c.ordinal - 1, Integer),
+        rows.c.message["role"].astext,
+        rows.c.message,
+        _p("seq", BigInteger),
+    ).where(gated)
+    stmt = pg_insert(messages).from_select(
+        ["thread_id", "position", "role", "message", "thread_seq"], source
+    )
+    return stmt.on_conflict_do_update(
+        constraint="messages_pkey",
+        set_={
+            "role": stmt.excluded.role,
+            "message": stmt.excluded.message,
+            "thread_seq": stmt.excluded.thread_seq,
+        },
+        # An unchanged message costs no new tuple.
+        where=messages.c.message.is_distinct_from(stmt.excluded.message),
+    ).cte("written_messages")
+
+
+def _upsert_runs(gated: Exists) -> Any:
+    rows = (
+        func.unnest(
+            cast(_p("run_records", _TEXT_ARRAY), ARRAY(JSONB)), _p("run_seqs", ARRAY(BigInteger))
+        )
+        .table_valued(column("record", JSONB), column("seq", BigInteger))
+        .render_derived(name="new_runs")
+    )
+    record = rows.c.record
+
+    def field(name: str, type_: Any = None) -> Any:
+        value = record[name].astext
+        return value if type_ is None else cast(value, type_)
+
+    source = select(
+        field("run_id"),
+        field("thread_id"),
+        field("agent_id"),
+        field("status"),
+        field("parent_run_id"),
+        field("created_at", TSTZ),
+        field("updated_at", TSTZ),
+        field("finished_at", TSTZ),
+        field("steps", Integer),
+        field("input_tokens", BigInteger),
+        field("output_tokens", BigInteger),
+        record,
+        rows.c.seq,
+    ).where(gated)
+    names = [c.name for c in runs.columns]
+    stmt = pg_insert(runs).from_select(names, source)
+    return stmt.on_conflict_do_update(
+        index_elements=[runs.c.run_id],
+        set_={name: stmt.excluded[name] for name in names if name != "run_id"},
+        # Never replace a run by an older version of itself; a run id reused by another
+        # thread moves there (runs are keyed by id alone, as in the in-memory store).
+        where=or_(
+            runs.c.thread_id != stmt.excluded.thread_id,
+            runs.c.thread_seq <= stmt.excluded.thread_seq,
+        ),
+    ).cte("written_runs")
+
+
+@functools.cache
+def write_statement(*, live: bool, messages_: bool, truncate: bool, runs_: bool) -> Update:
+    """The single statement writing one thread change, gated on its expected watermark."""
+    gate, gated = _gate()
+    ctes: list[Any] = []
+    if live:
+        if messages_:
+            ctes.append(_upsert_messages(gated))
+        if truncate:
+            ctes.append(
+                delete(messages)
+                .where(
+                    messages.c.thread_id == _p("thread_id"),
+                    messages.c.position >= _p("message_count", Integer),
+                    gated,
+                )
+                .cte("dropped_messages")
+            )
+        if runs_:
+            ctes.append(_upsert_runs(gated))
+        values: dict[str, Any] = {
+            "parent_thread_id": _p("parent_thread_id"),
+            "metadata": cast(_p("metadata"), JSONB),
+            "created_at": _p("created_at", TSTZ),
+            "updated_at": _p("updated_at", TSTZ),
+            "latest_run_id": _p("latest_run_id"),
+            "message_count": _p("message_count", Integer),
+            "deleted_at": null(),
+        }
+    else:
+        for table, name in ((messages, "dropped_messages"), (runs, "dropped_runs")):
+            ctes.append(delete(table).where(table.c.thread_id == _p("thread_id"), gated).cte(name))
+        # A tombstone keeps only what late entries need: the id and the watermark.
+        values = {
+            "parent_thread_id": null(),
+            "metadata": literal_column("'{}'::jsonb", JSONB),
+            "created_at": null(),
+            "updated_at": _p("at", TSTZ),
+            "latest_run_id": null(),
+            "message_count": 0,
+            "deleted_at": _p("at", TSTZ),
+        }
+    stmt = (
+        update(threads)
+        .where(threads.c.thread_id == gate.c.thread_id)
+        .values(flushed_seq=_p("seq", BigInteger), **values)
+        .returning(threads.c.flushed_seq)
+    )
+    return stmt.add_cte(*ctes) if ctes else stmt

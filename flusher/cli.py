@@ -1,0 +1,240 @@
+"""`bufstore flusher` and `bufstore quarantine list|replay|drop`.
+
+Loaded by the `bufstore` command line through the ``bufstore.commands`` entry point
+(`register`), so `buffered_store` never imports this package. Configuration comes from
+``BUFSTORE_*`` variables (`FlusherConfig.from_env`), options override them; progress and
+logs go to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+import click
+
+from buffered_store.cli.common import nats_url_option, require, run, store_options
+from buffered_store.wal import Wal
+from flusher.config import FlusherConfig
+from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
+
+log = logging.getLogger("flusher.cli")
+
+
+def register(group: click.Group) -> None:
+    """Add the flusher's commands to the `bufstore` group."""
+    group.add_command(flusher_command)
+    group.add_command(quarantine)
+
+
+class _ActionFilter(logging.Filter):
+    """Gives every record an `action`, so the format can show it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "action"):
+            record.action = "-"
+        return True
+
+
+def setup_logging(level: str) -> None:
+    """Log lines on stderr: time, level, logger, action, message."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ActionFilter())
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(action)s] %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
+    """`FlusherConfig.from_env()` with the options that were given applied."""
+    values = {name: value for name, value in overrides.items() if value is not None}
+    if nats_url:
+        values["nats_url"] = nats_url
+    return FlusherConfig.from_env(**values)
+
+
+@click.command("flusher", context_settings={"help_option_names": ["-h", "--help"]})
+@store_options
+@click.option("--consumer", "consumer_name", default=None, help="Durable consumer name.")
+@click.option("--flush-interval", "flush_interval_s", type=float, default=None, help="Seconds.")
+@click.option("--batch-size", "flush_batch_size", type=int, default=None, help="Messages.")
+@click.option(
+    "--stats-interval",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between progress lines on stderr (0: none).",
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def flusher_command(
+    nats_url: str | None,
+    database_url: str | None,
+    schema: str,
+    consumer_name: str | None,
+    flush_interval_s: float | None,
+    flush_batch_size: int | None,
+    stats_interval: float,
+    log_level: str,
+) -> None:
+    """Drain the WAL into Postgres until SIGINT/SIGTERM, then stop with a drain."""
+    setup_logging(log_level)
+    url = require(database_url, "--database-url")
+    config = flusher_config(
+        nats_url,
+        consumer_name=consumer_name,
+        flush_interval_s=flush_interval_s,
+        flush_batch_size=flush_batch_size,
+    )
+    run(lambda: _serve(config, url, schema, stats_interval))
+
+
+async def _serve(config: FlusherConfig, url: str, schema: str, stats_interval: float) -> None:
+    from buffered_store.postgres import PostgresThreadRunStore
+    from flusher.service import Flusher
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    inner = await PostgresThreadRunStore.connect(url, schema=schema)
+    try:
+        flusher = Flusher(inner, config)
+        await flusher.start()
+        click.echo(
+            f"flusher running: consumer {config.consumer_name!r} on stream "
+            f"{config.stream_name!r}; Ctrl-C or SIGTERM stops it",
+            err=True,
+        )
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), stats_interval or None)
+                if stats_interval and not stop.is_set():
+                    click.echo(_progress(flusher.stats()), err=True)
+        finally:
+            click.echo("stopping: flushing what is held ...", err=True)
+            await flusher.stop(drain=True)
+            click.echo(_progress(flusher.stats()), err=True)
+    finally:
+        await inner.close()
+
+
+def _progress(stats: dict[str, int | float]) -> str:
+    return (
+        f"entries applied {stats['entries_applied']} in {stats['transactions']} transactions, "
+        f"acked {stats['acked']}, quarantined {stats['quarantined_messages']}, "
+        f"db retries {stats['db_retries']}, lag {stats['last_lag_s']:.3f}s"
+    )
+
+
+@click.group("quarantine")
+def quarantine() -> None:
+    """Inspect, replay or drop WAL messages the flusher quarantined."""
+
+
+@quarantine.command("list")
+@nats_url_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def quarantine_list(nats_url: str | None, as_json: bool) -> None:
+    """List quarantine records (threads first, then messages)."""
+    config = flusher_config(nats_url)
+
+    async def main() -> list[QuarantineRecord]:
+        wal = await Wal.connect(config, name="bufstore-quarantine")
+        try:
+            return await list_quarantine(wal)
+        finally:
+            await wal.close()
+
+    records = run(main)
+    for record in records:
+        if as_json:
+            click.echo(json.dumps(record.to_json(), ensure_ascii=False))
+        else:
+            click.echo(_describe(record))
+    if not as_json:
+        click.echo(f"{len(records)} record(s)", err=True)
+
+
+def _describe(record: QuarantineRecord) -> str:
+    if record.kind is QuarantineKind.THREAD:
+        seqs = ",".join(str(s) for s in record.stream_seqs)
+        return (
+            f"thread {record.thread_id!r} from seq {record.seq} (stream seqs {seqs}): "
+            f"{record.reason}"
+        )
+    what = f"entry seq {record.seq}" if record.seq is not None else f"{record.payload_bytes} bytes"
+    return (
+        f"message {record.stream_seq} on {record.subject} ({what}, thread "
+        f"{record.thread_id!r}, {record.at.isoformat()}): {record.reason}"
+        + (f" [{record.preview_hex}]" if record.preview_hex else "")
+    )
+
+
+def _selector(stream_seq: int | None, thread_id: str | None) -> None:
+    if (stream_seq is None) == (thread_id is None):
+        raise click.UsageError("give --stream-seq or --thread-id (exactly one)")
+
+
+@quarantine.command("replay")
+@store_options
+@click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
+@click.option("--thread-id", default=None, help="A quarantined thread.")
+def quarantine_replay(
+    nats_url: str | None,
+    database_url: str | None,
+    schema: str,
+    stream_seq: int | None,
+    thread_id: str | None,
+) -> None:
+    """Flush a quarantined thread into Postgres again, from its stored watermark."""
+    _selector(stream_seq, thread_id)
+    url = require(database_url, "--database-url")
+    config = flusher_config(nats_url)
+
+    async def main() -> None:
+        from buffered_store.postgres import PostgresThreadRunStore
+
+        inner = await PostgresThreadRunStore.connect(url, schema=schema)
+        try:
+            wal = await Wal.connect(config, name="bufstore-quarantine")
+            try:
+                result = await replay(wal, inner, stream_seq=stream_seq, thread_id=thread_id)
+            finally:
+                await wal.close()
+        finally:
+            await inner.close()
+        click.echo(
+            f"thread {result.thread_id!r} flushed up to seq {result.flushed_seq}; "
+            f"removed {len(result.removed)} record(s)"
+        )
+
+    run(main)
+
+
+@quarantine.command("drop")
+@nats_url_option
+@click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
+@click.option("--thread-id", default=None, help="A quarantined thread.")
+def quarantine_drop(nats_url: str | None, stream_seq: int | None, thread_id: str | None) -> None:
+    """Forget quarantine records without flushing anything."""
+    _selector(stream_seq, thread_id)
+    config = flusher_config(nats_url)
+
+    async def main() -> list[str]:
+        wal = await Wal.connect(config, name="bufstore-quarantine")
+        try:
+            return await drop(wal, stream_seq=stream_seq, thread_id=thread_id)
+        finally:
+            await wal.close()
+
+    keys = run(main)
+    click.echo(f"dropped {len(keys)} record(s): {', '.join(keys)}")

@@ -1,0 +1,87 @@
+"""Configuration of the flusher service: the shared engine settings plus its own knobs.
+
+`FlusherConfig` extends `EngineConfig`, so one set of ``BUFSTORE_*`` environment variables
+configures the store and the flusher alike (`FlusherConfig.from_env()`), and a flusher
+embedded next to a store can copy the store's settings with `from_store_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Self
+
+from buffered_store.config import EngineConfig
+from buffered_store.errors import ConfigError
+
+MIN_FETCH_TIMEOUT_S = 0.005
+"""Shorter fetches are pointless: the server expires a pull request 0.1 ms before it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlusherConfig(EngineConfig):
+    """Settings of `Flusher`: batching, retries and back-off, quarantine thresholds."""
+
+    fetch_timeout_s: float = 0.5
+    """Longest single pull request. Fetches are kept short inside the collection window
+    because one fetch can stall for its whole timeout (nats.py #933/#986)."""
+    max_rounds: int = 4
+    """Apply calls one cycle may make for a thread: the first, plus rounds that fetch
+    missing earlier entries from the stream (GAP) before giving the messages back."""
+    db_retry_initial_s: float = 0.1
+    """First wait after the database was unreachable; doubles per attempt."""
+    db_retry_max_s: float = 5.0
+    """Longest wait between attempts while the database is unreachable (retries go on)."""
+    nak_delay_initial_s: float = 0.5
+    """Redelivery delay after a failed apply or quarantine write; doubles per delivery."""
+    nak_delay_max_s: float = 30.0
+    """Longest redelivery delay of a message that keeps failing."""
+    requeue_delay_s: float = 0.05
+    """Redelivery delay of messages a cycle could not settle for lack of rounds."""
+    nats_retry_initial_s: float = 0.1
+    """First wait after a failed fetch (other than its normal timeout); doubles."""
+    nats_retry_max_s: float = 5.0
+    """Longest wait between fetch attempts while JetStream misbehaves."""
+    drain_timeout_s: float = 30.0
+    """How long `stop(drain=True)` lets the current cycle finish before giving up."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive = (
+            "fetch_timeout_s",
+            "db_retry_initial_s",
+            "db_retry_max_s",
+            "nak_delay_initial_s",
+            "nak_delay_max_s",
+            "requeue_delay_s",
+            "nats_retry_initial_s",
+            "nats_retry_max_s",
+            "drain_timeout_s",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{name} must be positive, got {value!r}")
+        if self.fetch_timeout_s < MIN_FETCH_TIMEOUT_S:
+            raise ConfigError(f"fetch_timeout_s must be at least {MIN_FETCH_TIMEOUT_S}")
+        if not isinstance(self.max_rounds, int) or self.max_rounds < 1:
+            raise ConfigError(f"max_rounds must be a positive integer, got {self.max_rounds!r}")
+        for initial, cap in (
+            ("db_retry_initial_s", "db_retry_max_s"),
+            ("nak_delay_initial_s", "nak_delay_max_s"),
+            ("nats_retry_initial_s", "nats_retry_max_s"),
+        ):
+            if getattr(self, initial) > getattr(self, cap):
+                raise ConfigError(f"{initial} must not exceed {cap}")
+        # Held messages are kept alive with in-progress acks every ack_wait/3, but a
+        # collection window longer than ack_wait would let the server redeliver messages
+        # before the cycle even starts.
+        if self.flush_interval_s >= self.ack_wait_s:
+            raise ConfigError("flush_interval_s must be shorter than ack_wait_s")
+
+    @classmethod
+    def from_store_config(cls, cfg: EngineConfig, **overrides: Any) -> Self:
+        """A flusher configuration sharing the engine settings of a store's configuration."""
+        shared = {item.name: getattr(cfg, item.name) for item in dataclasses.fields(EngineConfig)}
+        shared.update(overrides)
+        return cls(**shared)

@@ -1,0 +1,101 @@
+"""The flusher's side of the durable pull consumer: one pull subscription, re-created
+when it may be stale, and the collection window.
+
+Pull subscriptions must be re-created after the client reconnected (nats.py #504): the
+server forgets outstanding pull requests of a dead connection. The client reconnects on
+its own (`Wal.connect` retries forever); the intake notices through the client's
+reconnect counter and re-creates the subscription before its next fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from buffered_store.wal import Wal
+from flusher.config import MIN_FETCH_TIMEOUT_S, FlusherConfig
+from flusher.stats import FlusherStats
+
+log = logging.getLogger("flusher.intake")
+
+
+class Intake:
+    """Fetches batches of WAL messages for the flusher."""
+
+    def __init__(self, wal: Wal, config: FlusherConfig, stats: FlusherStats) -> None:
+        self.wal = wal
+        self.config = config
+        self.stats = stats
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._reconnects = -1
+        self._stale = True
+        self._opened = False
+
+    async def open(self) -> None:
+        """Create (or re-create) the pull subscription bound to the durable consumer."""
+        await self.close()
+        self._reconnects = self._reconnect_count()
+        self._sub = await self.wal.js.pull_subscribe_bind(
+            durable=self.config.consumer_name, stream=self.config.stream_name
+        )
+        self._stale = False
+        if self._opened:
+            self.stats.resubscribes += 1
+        self._opened = True
+
+    def invalidate(self) -> None:
+        """Re-create the subscription before the next fetch (after a fetch error)."""
+        self._stale = True
+
+    async def close(self) -> None:
+        """Drop the subscription (best effort: the connection may be gone)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # a dead subscription needs no cleanup
+                log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
+
+    async def collect(self, should_stop: Callable[[], bool]) -> list[Msg]:
+        """Messages fetched during one collection window of `flush_interval_s`.
+
+        The window ends early when `flush_batch_size` messages are in hand or when
+        `should_stop()` turns true (what is in hand is still returned, to be flushed).
+        Each fetch is capped at `fetch_timeout_s`, because a single fetch may stall for
+        its whole timeout. A fetch error after some messages arrived ends the window with
+        those (the subscription is re-created next time); before any arrived it
+        propagates, so the caller backs off.
+        """
+        if self._sub is None or self._stale or self._reconnect_count() != self._reconnects:
+            await self.open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.flush_interval_s
+        batch_size = self.config.flush_batch_size
+        msgs: list[Msg] = []
+        while len(msgs) < batch_size:
+            remaining = deadline - loop.time()
+            if remaining < MIN_FETCH_TIMEOUT_S or should_stop():
+                break
+            try:
+                msgs.extend(await self._fetch(batch_size - len(msgs), remaining))
+            except Exception:
+                if not msgs:
+                    raise
+                self.invalidate()
+                break
+        return msgs
+
+    async def _fetch(self, count: int, remaining_s: float) -> list[Msg]:
+        assert self._sub is not None
+        timeout = max(MIN_FETCH_TIMEOUT_S, min(remaining_s, self.config.fetch_timeout_s))
+        try:
+            return await self._sub.fetch(count, timeout=timeout)
+        except TimeoutError:  # nats.errors.TimeoutError derives from it
+            return []  # nothing arrived in time: the normal idle case
+
+    def _reconnect_count(self) -> int:
+        return int(self.wal.nc.stats.get("reconnects", 0))

@@ -1,0 +1,304 @@
+"""`Flusher`: drains the WAL into the inner store, embedded or as its own process.
+
+Any number of flushers share the durable pull consumer; the server spreads messages
+between them. Correctness does not depend on who gets what: the target checks each
+thread's watermark inside its transaction, so duplicated, stale or reordered entries
+never overwrite newer data, and a flusher missing earlier entries fetches them from the
+stream. Each cycle (see `flusher.cycle`) commits, raises the KV flushed marks, and only
+then acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from types import TracebackType
+
+from nats.aio.msg import Msg
+
+from buffered_store.config import EngineConfig
+from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError
+from buffered_store.flushing import ThreadLog
+from buffered_store.generic import GenericFlushTarget, KvWatermarks
+from buffered_store.protocol import ThreadRunStore
+from buffered_store.records import utcnow
+from buffered_store.target import FlushTarget
+from buffered_store.wal import Wal, translated
+from flusher.config import FlusherConfig
+from flusher.cycle import CycleRunner
+from flusher.intake import Intake
+from flusher.policy import backoff_s
+from flusher.quarantine import Quarantine
+from flusher.stats import FlusherStats
+
+log = logging.getLogger("flusher")
+
+_SHARED_NAMES = ("stream_name", "hot_bucket", "quarantine_bucket", "consumer_name")
+
+
+class Flusher:
+    """The WAL drain service: durable pull consumer, batching window, ack after watermark,
+    retries, quarantine.
+
+    Args:
+        inner: the store to flush into. A `FlushTarget` (Postgres, in-memory) applies each
+            batch atomically with its watermark; any other `ThreadRunStore` is wrapped in
+            the at-least-once `GenericFlushTarget` (watermarks in the KV flushed marks).
+        config: a `FlusherConfig`, or any `EngineConfig` (a store's) whose shared
+            settings are copied; None reads ``BUFSTORE_*`` environment variables.
+        wal: an open `Wal` to use (not closed by `stop`); by default the flusher opens
+            its own connection, which reconnects forever.
+        clock: wall-clock time, for lag figures and quarantine records.
+    """
+
+    def __init__(
+        self,
+        inner: ThreadRunStore | FlushTarget,
+        config: EngineConfig | None = None,
+        *,
+        wal: Wal | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        name: str = "bufstore-flusher",
+    ) -> None:
+        if config is None:
+            config = FlusherConfig.from_env()
+        elif not isinstance(config, FlusherConfig):
+            config = FlusherConfig.from_store_config(config)
+        if wal is not None:
+            clashes = [n for n in _SHARED_NAMES if getattr(wal.config, n) != getattr(config, n)]
+            if clashes:
+                raise ConfigError(f"the given Wal is configured differently: {', '.join(clashes)}")
+        self.inner = inner
+        self.config: FlusherConfig = config
+        self.clock = clock
+        self.name = name
+        self._wal = wal
+        self._owns_wal = wal is None
+        self._stats = FlusherStats()
+        self._target: FlushTarget | None = None
+        self._runner: CycleRunner | None = None
+        self._intake: Intake | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._tick = asyncio.Event()
+        self._holding = False
+        self._stopped = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the drain loop runs."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def wal(self) -> Wal:
+        """The WAL connection (after `start`)."""
+        if self._wal is None:
+            raise StoreError("the flusher is not started")
+        return self._wal
+
+    @property
+    def target(self) -> FlushTarget:
+        """What batches are applied to (after `start`)."""
+        if self._target is None:
+            raise StoreError("the flusher is not started")
+        return self._target
+
+    async def start(self) -> None:
+        """Connect (unless given a `Wal`), bind to the durable consumer and start draining."""
+        if self._task is not None:
+            raise StoreError("the flusher was started already")
+        if self._wal is None:
+            self._wal = await Wal.connect(self.config, name=self.name)
+        wal = self._wal
+        thread_log = ThreadLog(wal, self.config)
+        if isinstance(self.inner, FlushTarget):
+            self._target = self.inner
+        else:
+            self._target = GenericFlushTarget(self.inner, KvWatermarks(thread_log))
+        self._runner = CycleRunner(
+            target=self._target,
+            thread_log=thread_log,
+            quarantine=Quarantine(wal),
+            config=self.config,
+            stats=self._stats,
+            clock=self.clock,
+        )
+        self._intake = Intake(wal, self.config, self._stats)
+        try:
+            async with translated("bind to the flusher consumer"):
+                await self._intake.open()
+        except BaseException:
+            await self._close_wal()
+            raise
+        self._stop.clear()
+        self._task = asyncio.create_task(self._drain_loop(), name=f"{self.name}-loop")
+        log.info(
+            "flusher started",
+            extra={"action": "flusher_started", "consumer": self.config.consumer_name},
+        )
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop draining, in phases: stop fetching; with `drain`, let the current cycle
+        flush and settle what it holds (up to `drain_timeout_s`); cancel what is left
+        (its messages are given back for redelivery); drop the subscription; close the
+        connection if the flusher opened it."""
+        task = self._task
+        if task is None or self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        if drain and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.config.drain_timeout_s)
+            except TimeoutError:
+                log.warning(
+                    "drain did not finish in time; giving messages back",
+                    extra={"action": "drain_timeout"},
+                )
+            except Exception:
+                pass  # the loop's own error is logged there; stopping goes on
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        if self._intake is not None:
+            await self._intake.close()
+        await self._close_wal()
+        log.info("flusher stopped", extra={"action": "flusher_stopped", "stats": self.stats()})
+
+    async def __aenter__(self) -> Flusher:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop(drain=True)
+
+    async def _close_wal(self) -> None:
+        if self._owns_wal and self._wal is not None:
+            await self._wal.close()
+            self._wal = None  # a failed start() can be retried with a fresh connection
+
+    # -- observation -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters and gauges (see `FlusherStats`), plus `coalesced_entries`."""
+        return self._stats.as_dict()
+
+    async def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Return once this flusher holds nothing and the consumer has no message left to
+        deliver or awaiting an ack (from any flusher). Raises `FlushTimeoutError`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if not self._holding:
+                async with translated("read the flusher consumer"):
+                    info = await self.wal.js.consumer_info(
+                        self.config.stream_name, self.config.consumer_name
+                    )
+                if not info.num_pending and not info.num_ack_pending:
+                    return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise FlushTimeoutError(f"the flusher was not idle within {timeout_s}s")
+            self._tick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tick.wait(), min(remaining, 0.5))
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _drain_loop(self) -> None:
+        assert self._intake is not None
+        assert self._runner is not None
+        fetch_failures = 0
+        cycle_failures = 0
+        while not self._stop.is_set():
+            try:
+                msgs = await self._intake.collect(self._stop.is_set)
+            except Exception as exc:
+                fetch_failures += 1
+                self._stats.nats_errors += 1
+                if fetch_failures == 1:
+                    log.warning(
+                        "fetching from the WAL failed: %r", exc, extra={"action": "fetch_failed"}
+                    )
+                self._intake.invalidate()
+                await self._pause(
+                    backoff_s(
+                        fetch_failures,
+                        initial_s=self.config.nats_retry_initial_s,
+                        max_s=self.config.nats_retry_max_s,
+                    )
+                )
+                continue
+            if fetch_failures:
+                log.info(
+                    "fetching from the WAL works again",
+                    extra={"action": "fetch_recovered", "failures": fetch_failures},
+                )
+                fetch_failures = 0
+            if msgs:
+                cycle_failures = await self._cycle(msgs, cycle_failures)
+            self._tick.set()
+        self._tick.set()
+
+    async def _cycle(self, msgs: list[Msg], failures: int) -> int:
+        """Run one cycle; returns the count of consecutive failed cycles."""
+        assert self._runner is not None
+        self._holding = True
+        try:
+            async with self._keepalive():
+                await self._runner.run(msgs)
+            return 0
+        except Exception:
+            failures += 1
+            self._stats.cycle_errors += 1
+            log.exception(
+                "flush cycle failed; its messages were given back", extra={"action": "cycle_failed"}
+            )
+            await self._pause(
+                backoff_s(
+                    failures,
+                    initial_s=self.config.nak_delay_initial_s,
+                    max_s=self.config.nak_delay_max_s,
+                )
+            )
+            return failures
+        finally:
+            self._holding = False
+
+    @contextlib.asynccontextmanager
+    async def _keepalive(self) -> AsyncIterator[None]:
+        """Send in-progress acks for held messages every ack_wait/3 while a cycle runs, so a
+        slow apply or a database outage does not get them redelivered to another flusher."""
+
+        async def beat() -> None:
+            assert self._runner is not None
+            while True:
+                await asyncio.sleep(self.config.ack_wait_s / 3)
+                for held in list(self._runner.held):
+                    if not held.settled:
+                        with contextlib.suppress(Exception):
+                            await held.msg.in_progress()
+
+        task = asyncio.create_task(beat(), name=f"{self.name}-keepalive")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up at once when asked to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)

@@ -1,0 +1,1 @@
+"""Helper programs the end-to-end tests start as separate OS processes."""

@@ -1,0 +1,392 @@
+"""`flusher.cycle.CycleRunner` against fakes: the order of marks and acks, gap filling,
+retries, quarantine. No services: messages, the thread log and the quarantine bucket are
+in-process twins recording what the runner does."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.entry import HotRecord, WalEntry, encode_entry
+from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
+from buffered_store.flushing import ThreadLog
+from buffered_store.keys import wal_subject
+from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
+from flusher.config import FlusherConfig
+from flusher.cycle import CycleRunner
+from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord
+from flusher.stats import FlusherStats
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+STREAM = "S"
+CONFIG = FlusherConfig(
+    stream_name=STREAM,
+    poison_attempts=3,
+    db_retry_initial_s=0.001,
+    db_retry_max_s=0.002,
+    max_rounds=4,
+)
+
+
+class Events(list[tuple[Any, ...]]):
+    """What happened, in order."""
+
+
+class FakeMsg:
+    def __init__(
+        self, events: Events, subject: str, data: bytes, stream_seq: int, delivered: int = 1
+    ) -> None:
+        self.events = events
+        self.subject = subject
+        self.data = data
+        self.stream_seq = stream_seq
+        self.metadata = SimpleNamespace(
+            num_delivered=delivered, sequence=SimpleNamespace(stream=stream_seq)
+        )
+
+    async def ack(self) -> None:
+        self.events.append(("ack", self.stream_seq))
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.events.append(("nak", self.stream_seq, delay))
+
+    async def term(self) -> None:
+        self.events.append(("term", self.stream_seq))
+
+    async def in_progress(self) -> None:
+        self.events.append(("wip", self.stream_seq))
+
+
+class FakeThreadLog:
+    """The stream as a dict of entries per thread, and the KV marks."""
+
+    def __init__(self, events: Events, stream: Iterable[WalEntry] = ()) -> None:
+        self.events = events
+        self.stream = {(e.thread_id, e.seq): e for e in stream}
+        self.marks: dict[str, tuple[int, int]] = {}
+        self.fail_marks = False
+
+    def subject(self, thread_id: str) -> str:
+        return wal_subject(STREAM, thread_id)
+
+    async def hot(self, thread_id: str) -> None:
+        return None
+
+    async def entries_between(
+        self, thread_id: str, after: int, upto: int, hot: HotRecord | None
+    ) -> list[WalEntry]:
+        self.events.append(("fetch", thread_id, after, upto))
+        try:
+            return [self.stream[(thread_id, seq)] for seq in range(after + 1, upto + 1)]
+        except KeyError:
+            raise StoreError("entries are not in the WAL") from None
+
+    async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
+        if self.fail_marks:
+            raise WalUnavailableError("KV down")
+        self.events.append(("mark", thread_id, seq))
+        old = self.marks.get(thread_id, (0, 0))
+        self.marks[thread_id] = max(old, (seq, stream_seq))
+
+
+class FakeQuarantine:
+    def __init__(self) -> None:
+        self.records: dict[str, QuarantineRecord] = {}
+        self.broken = False
+
+    async def add_message(self, record: QuarantineRecord) -> bool:
+        if self.broken:
+            raise WalUnavailableError("bucket gone")
+        if record.key in self.records:
+            return False
+        self.records[record.key] = record
+        return True
+
+    async def add_thread(
+        self,
+        thread_id: str,
+        *,
+        reason: str,
+        seq: int | None,
+        stream_seqs: Iterable[int],
+        now: datetime,
+    ) -> bool:
+        if self.broken:
+            raise WalUnavailableError("bucket gone")
+        key = f"t.{thread_id}"
+        old = self.records.get(key)
+        merged = tuple(sorted(set(stream_seqs) | set(old.stream_seqs if old else ())))
+        self.records[key] = QuarantineRecord(
+            kind=QuarantineKind.THREAD,
+            reason=reason,
+            at=now,
+            thread_id=thread_id,
+            seq=old.seq if old else seq,
+            stream_seqs=merged,
+        )
+        return old is None
+
+    async def thread_record(self, thread_id: str) -> QuarantineRecord | None:
+        return self.records.get(f"t.{thread_id}")
+
+
+def chain(thread_id: str, count: int, first_stream_seq: int = 1) -> list[WalEntry]:
+    out: list[WalEntry] = []
+    previous: WalEntry | None = None
+    snapshot: list[bytes] | None = None
+    for seq in range(1, count + 1):
+        call = validate_checkpoint(thread_id, make_messages(seq), make_run(thread_id), None)
+        entry = build_checkpoint_entry(
+            call,
+            previous=previous.thread if previous else None,
+            previous_messages=snapshot,
+            seq=seq,
+            now=T0,
+        )
+        entry = dataclasses.replace(entry, stream_seq=first_stream_seq + seq - 1)
+        out.append(entry)
+        previous, snapshot = entry, call.encoded
+    return out
+
+
+@dataclasses.dataclass
+class Rig:
+    events: Events
+    log: FakeThreadLog
+    quarantine: FakeQuarantine
+    target: Any
+    stats: FlusherStats
+    runner: CycleRunner
+
+    def msg(self, entry: WalEntry, delivered: int = 1) -> Any:
+        subject = wal_subject(STREAM, entry.thread_id)
+        return FakeMsg(self.events, subject, encode_entry(entry), entry.stream_seq, delivered)
+
+    def raw(self, subject: str, data: bytes, stream_seq: int, delivered: int = 1) -> Any:
+        return FakeMsg(self.events, subject, data, stream_seq, delivered)
+
+    def settled(self, kind: str) -> list[int]:
+        return [event[1] for event in self.events if event[0] == kind]
+
+
+def rig(target: Any, stream: Iterable[WalEntry] = (), config: FlusherConfig = CONFIG) -> Rig:
+    events = Events()
+    log = FakeThreadLog(events, stream)
+    quarantine = FakeQuarantine()
+    stats = FlusherStats()
+    runner = CycleRunner(
+        target=target,
+        thread_log=cast(ThreadLog, log),
+        quarantine=cast(Quarantine, quarantine),
+        config=config,
+        stats=stats,
+        clock=lambda: T0,
+    )
+    return Rig(events, log, quarantine, target, stats, runner)
+
+
+async def test_one_apply_per_cycle_and_marks_before_acks() -> None:
+    inner = InMemoryThreadRunStore()
+    a, b = chain("a", 3, 1), chain("b", 2, 10)
+    r = rig(inner)
+    await r.runner.run([r.msg(e) for e in [*a, *b]])
+    assert inner.apply_calls == 1
+    assert await inner.flushed_seqs(["a", "b"]) == {"a": 3, "b": 2}
+    for thread, acks in (("a", [1, 2, 3]), ("b", [10, 11])):
+        mark_at = r.events.index(("mark", thread, len(acks)))
+        assert all(r.events.index(("ack", seq)) > mark_at for seq in acks)
+    assert r.stats.entries_applied == 5
+    assert r.stats.threads_applied == 2
+    assert r.stats.as_dict()["coalesced_entries"] == 3
+
+
+async def test_gap_is_filled_from_the_stream_in_the_same_cycle() -> None:
+    inner = InMemoryThreadRunStore()
+    entries = chain("t", 4)
+    r = rig(inner, stream=entries)
+    await r.runner.run([r.msg(e) for e in entries[2:]])
+    assert ("fetch", "t", 0, 2) in r.events
+    assert await inner.flushed_seqs(["t"]) == {"t": 4}
+    assert sorted(r.settled("ack")) == [3, 4]
+    assert inner.apply_calls == 2
+    assert r.stats.gaps == 1
+    assert r.stats.entries_fetched == 2
+
+
+async def test_hole_between_held_entries_is_filled() -> None:
+    inner = InMemoryThreadRunStore()
+    entries = chain("t", 5)
+    r = rig(inner, stream=entries)
+    await r.runner.run([r.msg(entries[0]), r.msg(entries[3]), r.msg(entries[4])])
+    assert ("fetch", "t", 1, 3) in r.events
+    assert await inner.flushed_seqs(["t"]) == {"t": 5}
+    assert sorted(r.settled("ack")) == [1, 4, 5]
+
+
+async def test_stale_redelivery_is_acked_after_reraising_the_mark() -> None:
+    inner = InMemoryThreadRunStore()
+    entries = chain("t", 3)
+    await inner.apply([entries])
+    r = rig(inner)
+    await r.runner.run([r.msg(entries[0], delivered=2)])
+    assert r.events == [("mark", "t", 3), ("ack", 1)]
+    assert r.stats.stale_entries == 1
+    assert r.stats.redeliveries == 1
+
+
+async def test_unraised_mark_means_no_ack() -> None:
+    inner = InMemoryThreadRunStore()
+    entries = chain("t", 2)
+    r = rig(inner)
+    r.log.fail_marks = True
+    await r.runner.run([r.msg(e) for e in entries])
+    assert r.settled("ack") == []
+    assert sorted(r.settled("nak")) == [1, 2]
+    assert r.stats.mark_failures == 1
+
+
+async def test_database_outage_is_retried_with_one_episode() -> None:
+    inner = InMemoryThreadRunStore()
+    faulty = FaultyFlushTarget(inner)
+    faulty.fail_next_applies(4, DatabaseUnavailableError)
+    entries = chain("t", 2)
+    r = rig(faulty)
+    await r.runner.run([r.msg(e) for e in entries])
+    assert await inner.flushed_seqs(["t"]) == {"t": 2}
+    assert r.stats.db_retries == 4
+    assert r.stats.db_retry_episodes == 1
+    assert r.stats.transactions == 5
+
+
+async def test_unexpected_error_gives_every_message_back() -> None:
+    faulty = FaultyFlushTarget(InMemoryThreadRunStore())
+    faulty.fail_next_applies(1, RuntimeError("bug"))
+    entries = chain("t", 2)
+    r = rig(faulty)
+    with pytest.raises(RuntimeError):
+        await r.runner.run([r.msg(e) for e in entries])
+    assert sorted(r.settled("nak")) == [1, 2]
+    assert r.runner.held == []
+
+
+async def test_undecodable_payload_is_recorded_and_terminated_once() -> None:
+    r = rig(InMemoryThreadRunStore())
+    subject = wal_subject(STREAM, "t")
+    await r.runner.run([r.raw(subject, b"not-json", 5)])
+    await r.runner.run([r.raw(subject, b"not-json", 5, delivered=2)])
+    assert r.settled("term") == [5, 5]
+    [record] = r.quarantine.records.values()
+    assert record.stream_seq == 5
+    assert record.thread_id == "t"
+    assert record.preview_hex == b"not-json".hex()
+    assert record.payload_bytes == 8
+    assert r.stats.quarantined_messages == 1
+
+
+@pytest.mark.parametrize(("delivered", "kind"), [(1, "nak"), (5, "nak"), (6, "term")])
+async def test_unrecordable_payload_is_dropped_after_bounded_deliveries(
+    delivered: int, kind: str
+) -> None:
+    r = rig(InMemoryThreadRunStore())
+    r.quarantine.broken = True
+    await r.runner.run([r.raw("S.t.x", b"?", 9, delivered=delivered)])
+    assert r.settled(kind) == [9]
+    assert r.stats.dropped_unrecorded == (1 if kind == "term" else 0)
+
+
+class RejectSeq:
+    """A target that rejects (not retriable) any batch holding `bad` of thread `thread`."""
+
+    def __init__(self, inner: InMemoryThreadRunStore, thread: str, bad: int) -> None:
+        self.inner = inner
+        self.thread = thread
+        self.bad = bad
+        self.calls = 0
+
+    async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
+        self.calls += 1
+        out: list[ApplyOutcome] = []
+        for batch in batches:
+            if any(e.thread_id == self.thread and e.seq == self.bad for e in batch):
+                mark = (await self.inner.flushed_seqs([self.thread]))[self.thread]
+                out.append(
+                    ApplyOutcome(self.thread, ApplyStatus.FAILED, mark, error="no", retriable=False)
+                )
+            else:
+                out.extend(await self.inner.apply([batch]))
+        return out
+
+
+async def test_failing_entry_is_retried_then_its_thread_quarantined() -> None:
+    inner = InMemoryThreadRunStore()
+    target = RejectSeq(inner, "t", bad=3)
+    entries = chain("t", 5)
+    other = chain("o", 1, 100)
+    r = rig(target, stream=entries)
+    for attempt in (1, 2):
+        await r.runner.run([r.msg(e, delivered=attempt) for e in [*entries, *other]])
+        assert r.quarantine.records == {}
+    assert sorted(r.settled("nak")) == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    await r.runner.run([r.msg(e, delivered=3) for e in entries])
+    assert await inner.flushed_seqs(["t", "o"]) == {"t": 2, "o": 1}
+    assert sorted(r.settled("term")) == [3, 4, 5]
+    assert sorted(r.settled("ack")) == [1, 2, 100, 100]  # "o": applied, then stale
+    thread = r.quarantine.records["t.t"]
+    assert thread.seq == 3
+    assert thread.stream_seqs == (3, 4, 5)
+    assert r.quarantine.records["m.3"].seq == 3
+    assert r.stats.quarantined_threads == 1
+    # A later entry of the thread joins the quarantine at once.
+    late = chain("t", 6)[5]
+    r.log.stream[("t", 6)] = late
+    r.events.clear()
+    await r.runner.run([r.msg(late)])
+    assert r.settled("term") == [6]
+    assert r.quarantine.records["t.t"].stream_seqs == (3, 4, 5, 6)
+
+
+async def test_entries_are_not_terminated_without_a_record() -> None:
+    inner = InMemoryThreadRunStore()
+    r = rig(RejectSeq(inner, "t", bad=1))
+    r.quarantine.broken = True
+    [entry] = chain("t", 1)
+    await r.runner.run([r.msg(entry, delivered=50)])
+    assert r.settled("term") == []
+    assert r.settled("nak") == [1]
+
+
+async def test_missing_entries_quarantine_the_thread_after_attempts() -> None:
+    inner = InMemoryThreadRunStore()
+    entries = chain("t", 3)
+    r = rig(inner, stream=[])  # entries 1-2 expired from the stream
+    await r.runner.run([r.msg(entries[2], delivered=1)])
+    assert r.settled("nak") == [3]
+    await r.runner.run([r.msg(entries[2], delivered=3)])
+    assert r.settled("term") == [3]
+    assert r.quarantine.records["t.t"].seq == 1
+
+
+async def test_rounds_are_bounded() -> None:
+    class NeverMoves:
+        """Claims success without moving the watermark: the runner would retry forever."""
+
+        calls = 0
+
+        async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
+            self.calls += 1
+            return [ApplyOutcome("t", ApplyStatus.APPLIED, 0) for _ in batches]
+
+    entries = chain("t", 3)
+    target = NeverMoves()
+    r = rig(target, stream=entries)
+    await r.runner.run([r.msg(entries[2])])
+    assert target.calls == CONFIG.max_rounds
+    assert r.settled("nak") == [3]
