@@ -26,14 +26,17 @@ from buffered_store.checkpointing import (
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.entry import EntryKind, WalEntry, encode_entry, messages_of
 from buffered_store.errors import (
+    BackendUnavailableError,
     CommitUnknownError,
     FlushTimeoutError,
     PayloadTooLargeError,
     StoreClosedError,
     StoreError,
+    ValidationError,
     WalUnavailableError,
 )
 from buffered_store.flushing import ThreadLog, flush_thread, group_by_thread, read_tail
+from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
 from buffered_store.planning import ThreadView, fold
 from buffered_store.protocol import ThreadRunStore
 from buffered_store.records import (
@@ -54,6 +57,9 @@ from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer, no
 log = logging.getLogger("buffered_store.buffered")
 
 Versions = dict[str, tuple[RunRecord, int]]
+
+FAILURE_KINDS = ("invalid", "unavailable", "commit_unknown", "cancelled", "error")
+"""Causes of failed checkpoints, as counted in `stats()` (``checkpoints_<kind>``)."""
 
 
 class _Connecting:
@@ -101,10 +107,13 @@ class BufferedThreadRunStore:
         self._stats: dict[str, float] = {
             "checkpoints_ok": 0,
             "checkpoints_failed": 0,
+            # checkpoints_failed by cause (see `_failure_kind`); they add up to it.
+            **{f"checkpoints_{kind}": 0 for kind in FAILURE_KINDS},
             "commit_unknown": 0,
             "deletes": 0,
             "checkpoint_seconds_total": 0.0,
         }
+        self._checkpoint_seconds = Histogram(CHECKPOINT_BUCKETS_S)
 
     @classmethod
     def connect(
@@ -157,6 +166,26 @@ class BufferedThreadRunStore:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointReceipt:
         """Append the checkpoint to the WAL; returns once it is durable there."""
+        started = time.perf_counter()
+        try:
+            receipt = await self._checkpoint(thread_id, messages, run, metadata)
+        except BaseException as exc:
+            self._stats["checkpoints_failed"] += 1
+            self._stats[f"checkpoints_{_failure_kind(exc)}"] += 1
+            raise
+        elapsed = time.perf_counter() - started
+        self._stats["checkpoints_ok"] += 1
+        self._stats["checkpoint_seconds_total"] += elapsed
+        self._checkpoint_seconds.observe(elapsed)
+        return receipt
+
+    async def _checkpoint(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        metadata: Mapping[str, Any] | None,
+    ) -> CheckpointReceipt:
         self._check_open()
         cached = self._writer.cursors.get(thread_id) if isinstance(thread_id, str) else None
         call = validate_checkpoint(
@@ -165,7 +194,6 @@ class BufferedThreadRunStore:
             run,
             metadata,
             previous=cached.snapshot if cached else None,
-            previous_objects=cached.objects if cached else (),
         )
         nonce = now_writer_nonce()
 
@@ -182,25 +210,18 @@ class BufferedThreadRunStore:
 
         async def write() -> CheckpointReceipt:
             try:
-                entry = await self._write(thread_id, build, call.encoded, list(messages), run)
+                entry = await self._write(thread_id, build, call.encoded, run)
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
                 # message, learn its snapshot once and send the delta instead.
                 if not await self._prime_snapshot(thread_id):
                     raise
-                entry = await self._write(thread_id, build, call.encoded, list(messages), run)
+                entry = await self._write(thread_id, build, call.encoded, run)
             return CheckpointReceipt(
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
             )
 
-        started = time.perf_counter()
-        try:
-            receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
-        except BaseException:
-            self._stats["checkpoints_failed"] += 1
-            raise
-        self._stats["checkpoints_ok"] += 1
-        self._stats["checkpoint_seconds_total"] += time.perf_counter() - started
+        receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
         return receipt
 
     async def delete_thread(self, thread_id: str) -> None:
@@ -221,7 +242,7 @@ class BufferedThreadRunStore:
                 stored = await self.target.read_thread(thread_id, with_messages=False)
                 if stored.thread is None:
                     return  # unknown or already deleted: nothing to do
-            await self._write(thread_id, build, [], [], None)
+            await self._write(thread_id, build, [], None)
             self._stats["deletes"] += 1
 
         await self._locks.run(thread_id, write)
@@ -241,7 +262,6 @@ class BufferedThreadRunStore:
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
         snapshot: list[bytes],
-        objects: list[Any],
         run: RunRecord | None,
     ) -> WalEntry:
         attempt = AppendAttempt()
@@ -259,7 +279,7 @@ class BufferedThreadRunStore:
                     thread_id=thread_id,
                 ) from exc
             raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
-        cursor = self._writer.record_written(thread_id, entry, base, snapshot, objects)
+        cursor = self._writer.record_written(thread_id, entry, base, snapshot)
         assert cursor.hot is not None
         try:
             async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
@@ -510,13 +530,22 @@ class BufferedThreadRunStore:
     # -- lifecycle ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        """Counters of this instance (no metrics dependency)."""
+        """Counters of this instance (no metrics dependency): checkpoints by result
+        (``checkpoints_ok``; ``checkpoints_failed``, split into ``checkpoints_invalid``,
+        ``_unavailable``, ``_commit_unknown``, ``_cancelled``, ``_error``), their total
+        time, ``commit_unknown`` (deletes included), ``deletes``, ``cas_conflicts``,
+        ``wal_bytes`` and ``nats_requests``."""
         return {
             **self._stats,
             "cas_conflicts": self._writer.conflicts,
             "wal_bytes": self._writer.wal_bytes,
             "nats_requests": self.wal.requests,
         }
+
+    def histograms(self) -> dict[str, HistogramSnapshot]:
+        """Distributions of this instance: ``checkpoint_duration_seconds``, the latency of
+        each successful `checkpoint()` call."""
+        return {"checkpoint_duration_seconds": self._checkpoint_seconds.snapshot()}
 
     async def close(self) -> None:
         """Drain this instance's threads (best effort), then close the NATS connection.
@@ -545,6 +574,18 @@ class BufferedThreadRunStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the buffered store is closed")
+
+
+def _failure_kind(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "invalid"  # the caller's input (too large included): nothing was written
+    if isinstance(exc, CommitUnknownError):
+        return "commit_unknown"
+    if isinstance(exc, BackendUnavailableError):
+        return "unavailable"
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return "error"
 
 
 def _base_view(stored: StoredThread) -> ThreadView:

@@ -41,7 +41,6 @@ def validate_checkpoint(
     metadata: Mapping[str, Any] | None,
     *,
     previous: Sequence[bytes] | None = None,
-    previous_objects: Sequence[Any] = (),
 ) -> CheckpointInput:
     """Check every argument of `checkpoint()`; raise `ValidationError` on the first problem."""
     check_id(thread_id, "thread_id")
@@ -54,7 +53,7 @@ def validate_checkpoint(
     check_json_value(run.output, "run.output")
     check_json_object(run.metadata, "run.metadata")
     checked_metadata = None if metadata is None else check_json_object(metadata, "metadata")
-    encoded = encode_messages(messages, previous, previous_objects)
+    encoded = encode_messages(messages, previous)
     return CheckpointInput(thread_id, encoded, run, checked_metadata)
 
 

@@ -10,14 +10,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
+from uuid import UUID
 
 import orjson
 
 from buffered_store.errors import ValidationError
 from buffered_store.records import Message
 
-_OPTS = orjson.OPT_SORT_KEYS
+_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+"""Canonical encoding: sorted keys; datetimes and dataclasses are refused, not converted."""
+
+_SUSPECT = (b"null", b"\\u0000")
+"""Bytes that need the precise check: NaN/inf encode as null, NUL as an escape."""
 
 
 def _check_json(value: Any, path: str) -> None:
@@ -25,8 +31,8 @@ def _check_json(value: Any, path: str) -> None:
     if isinstance(value, str):
         if "\x00" in value:
             raise ValidationError(f"{path}: strings must not contain NUL characters")
-    elif isinstance(value, bool) or value is None or isinstance(value, int):
-        return
+    elif isinstance(value, bool | int | UUID | Enum) or value is None:
+        return  # orjson encodes UUIDs and enums natively, as their JSON value
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError(f"{path}: {value!r} cannot be encoded as JSON")
@@ -78,40 +84,54 @@ def encode_message(message: Any, index: int) -> bytes:
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ValidationError(f"messages[{index}] needs a non-empty string 'role'")
-    _check_json(message, f"messages[{index}]")
-    return _check_encodable(message, f"messages[{index}]")
+    try:
+        encoded = orjson.dumps(message, option=_OPTS)
+    except TypeError:
+        encoded = b""  # the precise walk below names the offending value
+    # orjson rejects non-string keys and foreign types itself; only NaN/inf (encoded as
+    # null) and NUL characters (escaped) slip through, so walk the message only then.
+    if not encoded or any(token in encoded for token in _SUSPECT):
+        _check_json(message, f"messages[{index}]")
+        encoded = _check_encodable(message, f"messages[{index}]")
+    return encoded
 
 
-def encode_messages(
-    messages: Any, previous: Sequence[bytes] | None = None, previous_objects: Sequence[Any] = ()
-) -> list[bytes]:
+def encode_messages(messages: Any, previous: Sequence[bytes] | None = None) -> list[bytes]:
     """Validate a snapshot and return the canonical bytes of each message.
 
-    ``previous``/``previous_objects`` are an optional cache of the last snapshot: a message
-    that is the very same object and encodes to the same bytes is not validated twice.
+    ``previous`` is the cached snapshot of the thread's last checkpoint. When the new
+    snapshot starts with the same messages (the usual append), that prefix is encoded in
+    one call and compared byte for byte: equal bytes are messages already validated, and
+    only the new ones are checked one by one. The cost stays one C-level pass over the
+    history instead of a Python walk of every message.
     """
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise ValidationError(
             f"messages must be a list of JSON objects, got {type(messages).__name__}"
         )
-    out: list[bytes] = []
-    for index, message in enumerate(messages):
-        if (
-            previous is not None
-            and index < len(previous)
-            and index < len(previous_objects)
-            and previous_objects[index] is message
-        ):
-            try:
-                encoded = orjson.dumps(message, option=_OPTS)
-            except TypeError:
-                encoded = b""
-            # NaN encodes as null, so bytes equal to a cached "null" prove nothing.
-            if encoded == previous[index] and b"null" not in encoded:
-                out.append(encoded)
-                continue
-        out.append(encode_message(message, index))
+    out = _reuse_prefix(messages, previous) if previous else []
+    for index in range(len(out), len(messages)):
+        out.append(encode_message(messages[index], index))
     return out
+
+
+def _reuse_prefix(messages: Sequence[Any], previous: Sequence[bytes]) -> list[bytes]:
+    """The cached bytes of the common prefix, when it provably did not change."""
+    prefix = min(len(previous), len(messages))
+    if prefix == 0:
+        return []
+    try:
+        blob = orjson.dumps(list(messages[:prefix]), option=_OPTS)
+    except TypeError:
+        return []
+    if blob != b"[" + b",".join(previous[:prefix]) + b"]":
+        return []
+    if b"null" in blob:
+        for index in range(prefix):
+            # A cached null may now be a NaN (which also encodes as null): check those.
+            if b"null" in previous[index]:
+                encode_message(messages[index], index)
+    return list(previous[:prefix])
 
 
 def decode_message(data: bytes | str) -> Message:

@@ -65,8 +65,6 @@ class _Snapshot:
     seq: int
     thread: Thread
     encoded: tuple[bytes, ...]
-    objects: tuple[Any, ...]
-    """The caller's message objects: identical ones skip validation next time."""
 
 
 class _SnapshotCache:
@@ -147,6 +145,9 @@ class PostgresThreadRunStore(PostgresReads):
         if migrate:
             await asyncio.to_thread(migrations.upgrade, url, schema=schema)
         pool_options.setdefault("pool_size", 10)
+        # hide_parameters: SQLAlchemy error texts would otherwise quote bound values, which
+        # carry message payloads, into our exceptions and logs.
+        pool_options.setdefault("hide_parameters", True)
         engine = create_async_engine(
             url, json_serializer=_json_dumps, json_deserializer=orjson.loads, **pool_options
         )
@@ -226,7 +227,6 @@ class PostgresThreadRunStore(PostgresReads):
             run,
             metadata,
             previous=cached.encoded if cached else None,
-            previous_objects=cached.objects if cached else (),
         )
         codec.check_key(call.thread_id, "thread_id")
         with self._guard():
@@ -236,7 +236,7 @@ class PostgresThreadRunStore(PostgresReads):
         assert entry.thread is not None
         self._cache.put(
             call.thread_id,
-            _Snapshot(entry.seq, entry.thread, tuple(call.encoded), tuple(messages)),
+            _Snapshot(entry.seq, entry.thread, tuple(call.encoded)),
         )
         self._stats["checkpoints"] += 1
         return CheckpointReceipt(thread_id=call.thread_id, thread_seq=entry.seq)

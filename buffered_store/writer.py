@@ -55,8 +55,6 @@ class Cursor:
     """KV revision of the hot key (None: the key does not exist)."""
     snapshot: list[bytes] | None
     """Canonical message bytes at `seq`, when known (None: send a full snapshot)."""
-    objects: list[Any] = field(default_factory=list)
-    """The caller's message objects at `seq`, to skip validating unchanged ones."""
     runs: set[str] = field(default_factory=set)
     """Run ids already indexed in KV by this instance."""
 
@@ -174,7 +172,6 @@ class Writer:
                 hot=hot,
                 revision=revision,
                 snapshot=snapshot,
-                objects=old.objects if old and snapshot is old.snapshot else [],
                 runs=old.runs if old else set(),
             )
         record = hot
@@ -296,7 +293,6 @@ class Writer:
         entry: WalEntry,
         base: Cursor,
         snapshot: list[bytes],
-        objects: list[Any],
     ) -> Cursor:
         """The cursor after `entry` was published on top of `base`."""
         cursor = Cursor(
@@ -305,7 +301,6 @@ class Writer:
             hot=advance_hot(base.hot, entry, entry.stream_seq, window=self.config.recent_window),
             revision=base.revision,
             snapshot=snapshot,
-            objects=objects,
             runs=base.runs,
         )
         self.cursors.put(thread_id, cursor)

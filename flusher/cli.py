@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import signal
-import sys
 from typing import Any
 
 import click
@@ -32,25 +31,12 @@ def register(group: click.Group) -> None:
     group.add_command(quarantine)
 
 
-class _ActionFilter(logging.Filter):
-    """Gives every record an `action`, so the format can show it."""
+def setup_logging(level: str, fmt: str | None = None) -> None:
+    """Log lines on stderr: ``time level logger [event] message fields`` or JSON objects
+    (`buffered_store.logs`); `fmt` None reads ``BUFSTORE_LOG_FORMAT``."""
+    from buffered_store.logs import configure_logging
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not hasattr(record, "action"):
-            record.action = "-"
-        return True
-
-
-def setup_logging(level: str) -> None:
-    """Log lines on stderr: time, level, logger, action, message."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_ActionFilter())
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(action)s] %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    configure_logging(level, fmt="json" if fmt == "json" else "text" if fmt else None)
 
 
 def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
@@ -74,6 +60,20 @@ def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     help="Seconds between progress lines on stderr (0: none).",
 )
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="Log line format  [default: $BUFSTORE_LOG_FORMAT or text]",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="BUFSTORE_METRICS_PORT",
+    default=None,
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port at /metrics (needs the metrics extra).",
+)
 def flusher_command(
     nats_url: str | None,
     database_url: str | None,
@@ -83,9 +83,11 @@ def flusher_command(
     flush_batch_size: int | None,
     stats_interval: float,
     log_level: str,
+    log_format: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Drain the WAL into Postgres until SIGINT/SIGTERM, then stop with a drain."""
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     url = require(database_url, "--database-url")
     config = flusher_config(
         nats_url,
@@ -93,10 +95,16 @@ def flusher_command(
         flush_interval_s=flush_interval_s,
         flush_batch_size=flush_batch_size,
     )
-    run(lambda: _serve(config, url, schema, stats_interval))
+    run(lambda: _serve(config, url, schema, stats_interval, metrics_port))
 
 
-async def _serve(config: FlusherConfig, url: str, schema: str, stats_interval: float) -> None:
+async def _serve(
+    config: FlusherConfig,
+    url: str,
+    schema: str,
+    stats_interval: float,
+    metrics_port: int | None = None,
+) -> None:
     from buffered_store.postgres import PostgresThreadRunStore
     from flusher.service import Flusher
 
@@ -105,8 +113,14 @@ async def _serve(config: FlusherConfig, url: str, schema: str, stats_interval: f
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     inner = await PostgresThreadRunStore.connect(url, schema=schema)
+    metrics = None
     try:
         flusher = Flusher(inner, config)
+        if metrics_port is not None:
+            from buffered_store.metrics import StatsCollector, serve_metrics
+
+            metrics = serve_metrics(metrics_port, StatsCollector([flusher, inner]))
+            click.echo(f"metrics on http://0.0.0.0:{metrics.port}/metrics", err=True)
         await flusher.start()
         click.echo(
             f"flusher running: consumer {config.consumer_name!r} on stream "
@@ -124,6 +138,8 @@ async def _serve(config: FlusherConfig, url: str, schema: str, stats_interval: f
             await flusher.stop(drain=True)
             click.echo(_progress(flusher.stats()), err=True)
     finally:
+        if metrics is not None:
+            metrics.close()
         await inner.close()
 
 

@@ -98,7 +98,9 @@ class CycleRunner:
             await self.settler.all(self.held, Settle.NAK, self.config.requeue_delay_s)
             self.held = []
             self.stats.held = 0
-            self.stats.last_flush_duration_s = asyncio.get_running_loop().time() - started
+            duration = asyncio.get_running_loop().time() - started
+            self.stats.last_flush_duration_s = duration
+            self.stats.flush_duration.observe(duration)
 
     # -- decoding ------------------------------------------------------------------------
 
@@ -187,8 +189,7 @@ class CycleRunner:
             backoff=self._nak_backoff,
         )
         if outcome.status is ApplyStatus.APPLIED:
-            self.stats.threads_applied += 1
-            self.stats.entries_applied += sum(1 for e in batch if e.seq <= outcome.flushed_seq)
+            self._count_applied(batch, outcome.flushed_seq)
         if not await self._confirm(work, plan, stale=outcome.status is ApplyStatus.STALE):
             return None
         if plan.step is Step.DONE:
@@ -264,6 +265,16 @@ class CycleRunner:
         work.fetched.update((e.seq, e) for e in entries)
         return work
 
+    def _count_applied(self, batch: Sequence[WalEntry], flushed_seq: int) -> None:
+        """Count an APPLIED batch, and the flush lag of each of its entries: from the
+        checkpoint to the commit that just returned (clamped at 0 for clock skew)."""
+        committed = self.clock()
+        applied = [e for e in batch if e.seq <= flushed_seq]
+        self.stats.threads_applied += 1
+        self.stats.entries_applied += len(applied)
+        for entry in applied:
+            self.stats.flush_lag.observe(max(0.0, (committed - entry.at).total_seconds()))
+
     def _count_failure(self, thread_id: str, outcome: ApplyOutcome) -> int:
         """Non-retriable failures of the thread's first unflushed seq, across cycles."""
         if outcome.status is ApplyStatus.APPLIED:
@@ -288,8 +299,7 @@ class CycleRunner:
             chunk = isolation.chunk()
             [outcome] = await self.apply([chunk])
             if outcome.status is ApplyStatus.APPLIED:
-                self.stats.threads_applied += 1
-                self.stats.entries_applied += sum(1 for e in chunk if e.seq <= outcome.flushed_seq)
+                self._count_applied(chunk, outcome.flushed_seq)
                 plan = plan_outcome(
                     outcome, chunk, [], failures=0, poison_attempts=1, backoff=self._nak_backoff
                 )

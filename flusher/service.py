@@ -21,8 +21,9 @@ from nats.aio.msg import Msg
 
 from buffered_store.config import EngineConfig
 from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError
-from buffered_store.flushing import ThreadLog
+from buffered_store.flushing import ThreadLog, read_tail
 from buffered_store.generic import GenericFlushTarget, KvWatermarks
+from buffered_store.metrics_core import HistogramSnapshot
 from buffered_store.protocol import ThreadRunStore
 from buffered_store.records import utcnow
 from buffered_store.target import FlushTarget
@@ -38,6 +39,10 @@ log = logging.getLogger("flusher")
 
 _SHARED_NAMES = ("stream_name", "hot_bucket", "quarantine_bucket", "consumer_name")
 
+BACKLOG_SCAN_LIMIT = 1000
+"""Most WAL tail entries one backlog poll reads to count pending threads (bounds its
+cost during an outage, when the tail grows)."""
+
 
 class Flusher:
     """The WAL drain service: durable pull consumer, batching window, ack after watermark,
@@ -52,6 +57,9 @@ class Flusher:
         wal: an open `Wal` to use (not closed by `stop`); by default the flusher opens
             its own connection, which reconnects forever.
         clock: wall-clock time, for lag figures and quarantine records.
+        backlog_poll_s: seconds between polls of the consumer for the backlog gauges of
+            `stats()` (two requests, plus one direct get per tail entry up to
+            `BACKLOG_SCAN_LIMIT` while there is a backlog); 0 disables the poll.
     """
 
     def __init__(
@@ -62,6 +70,7 @@ class Flusher:
         wal: Wal | None = None,
         clock: Callable[[], datetime] = utcnow,
         name: str = "bufstore-flusher",
+        backlog_poll_s: float = 5.0,
     ) -> None:
         if config is None:
             config = FlusherConfig.from_env()
@@ -82,6 +91,8 @@ class Flusher:
         self._runner: CycleRunner | None = None
         self._intake: Intake | None = None
         self._task: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._backlog_poll_s = backlog_poll_s
         self._stop = asyncio.Event()
         self._tick = asyncio.Event()
         self._holding = False
@@ -137,6 +148,8 @@ class Flusher:
             raise
         self._stop.clear()
         self._task = asyncio.create_task(self._drain_loop(), name=f"{self.name}-loop")
+        if self._backlog_poll_s > 0:
+            self._poller = asyncio.create_task(self._poll_backlog(), name=f"{self.name}-backlog")
         log.info(
             "flusher started",
             extra={"action": "flusher_started", "consumer": self.config.consumer_name},
@@ -166,6 +179,10 @@ class Flusher:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._poller
         if self._intake is not None:
             await self._intake.close()
         await self._close_wal()
@@ -191,8 +208,14 @@ class Flusher:
     # -- observation -----------------------------------------------------------------------
 
     def stats(self) -> dict[str, int | float]:
-        """Counters and gauges (see `FlusherStats`), plus `coalesced_entries`."""
-        return self._stats.as_dict()
+        """Counters and gauges (see `FlusherStats`), plus `coalesced_entries` and
+        `running` (1 while the drain loop runs)."""
+        return {**self._stats.as_dict(), "running": int(self.running)}
+
+    def histograms(self) -> dict[str, HistogramSnapshot]:
+        """Distributions: ``flush_duration_seconds`` (per cycle) and
+        ``flush_lag_seconds`` (per applied entry, checkpoint to commit)."""
+        return self._stats.histograms()
 
     async def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Return once this flusher holds nothing and the consumer has no message left to
@@ -213,6 +236,39 @@ class Flusher:
             self._tick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._tick.wait(), min(remaining, 0.5))
+
+    async def _poll_backlog(self) -> None:
+        """Refresh the backlog gauges every `backlog_poll_s` until stopped."""
+        while not self._stop.is_set():
+            try:
+                await self._read_backlog()
+            except Exception as exc:
+                # The fetch loop reports NATS trouble; a missed poll only ages the gauges.
+                self._stats.backlog_poll_failures += 1
+                log.debug("backlog poll failed: %r", exc, extra={"action": "backlog_poll_failed"})
+            await self._pause(self._backlog_poll_s)
+
+    async def _read_backlog(self) -> None:
+        async with translated("read the flusher consumer"):
+            consumer, stream = await asyncio.gather(
+                self.wal.js.consumer_info(self.config.stream_name, self.config.consumer_name),
+                self.wal.js.stream_info(self.config.stream_name),
+            )
+        first = (consumer.ack_floor.stream_seq if consumer.ack_floor else 0) + 1
+        last = min(stream.state.last_seq, first + BACKLOG_SCAN_LIMIT - 1)
+        tail = await read_tail(self.wal, self.config, first, last)
+        stats = self._stats
+        stats.consumer_pending = consumer.num_pending or 0
+        stats.consumer_ack_pending = consumer.num_ack_pending or 0
+        stats.consumer_redelivered = consumer.num_redelivered or 0
+        stats.backlog = stats.consumer_pending + stats.consumer_ack_pending
+        stats.pending_threads = len({e.thread_id for e in tail})
+        oldest = min((e.at for e in tail), default=None)
+        now = self.clock()
+        stats.oldest_pending_age_s = (
+            max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        )
+        stats.backlog_polled_at = now.timestamp()
 
     # -- the loop --------------------------------------------------------------------------
 

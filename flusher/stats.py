@@ -1,13 +1,24 @@
 """Counters of a flusher, exposed by `Flusher.stats()` with no metrics dependency.
 
 A metrics exporter (Prometheus, logs) reads the dict; counters only ever grow, gauges
-(`held`, `last_*`) describe the latest cycle.
+(`held`, `last_*`) describe the latest cycle, and the backlog gauges (`consumer_*`,
+`backlog`, `pending_threads`, `oldest_pending_age_s`) the latest poll of the consumer.
+Distributions (flush duration, flush lag) are histograms, read with `histograms()`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from buffered_store.metrics_core import (
+    FLUSH_DURATION_BUCKETS_S,
+    LAG_BUCKETS_S,
+    Histogram,
+    HistogramSnapshot,
+)
+
+_HISTOGRAM = {"histogram": True}
 
 
 @dataclass(slots=True)
@@ -64,9 +75,47 @@ class FlusherStats:
     last_lag_s: float = 0.0
     """Age of the oldest entry of the latest cycle when it was settled."""
     max_lag_s: float = 0.0
+    consumer_pending: int = 0
+    """Messages the durable consumer has not delivered yet (all flushers), last poll."""
+    consumer_ack_pending: int = 0
+    """Messages delivered and not acknowledged yet (all flushers), last poll."""
+    consumer_redelivered: int = 0
+    """Messages delivered more than once and not acknowledged yet, last poll."""
+    backlog: int = 0
+    """`consumer_pending` + `consumer_ack_pending`: WAL entries waiting to be flushed."""
+    pending_threads: int = 0
+    """Threads with entries in the unacknowledged WAL tail, last poll (counted over at
+    most the oldest `BACKLOG_SCAN_LIMIT` entries: a lower bound beyond that)."""
+    oldest_pending_age_s: float = 0.0
+    """Age of the oldest entry in the unacknowledged WAL tail at the last poll."""
+    backlog_polled_at: float = 0.0
+    """Unix time of the last successful poll (0: none yet)."""
+    backlog_poll_failures: int = 0
+    """Polls of the consumer that failed (the gauges keep their previous values)."""
+    flush_duration: Histogram = field(
+        default_factory=lambda: Histogram(FLUSH_DURATION_BUCKETS_S), metadata=_HISTOGRAM
+    )
+    """Per cycle: the same span as `last_flush_duration_s`."""
+    flush_lag: Histogram = field(
+        default_factory=lambda: Histogram(LAG_BUCKETS_S), metadata=_HISTOGRAM
+    )
+    """Per applied entry: from its checkpoint (`entry.at`) to the commit that applied it."""
 
     def as_dict(self) -> dict[str, int | float]:
-        """A snapshot, plus `coalesced_entries` (entries saved by coalescing)."""
-        out: dict[str, int | float] = dataclasses.asdict(self)
+        """A snapshot of the counters and gauges, plus `coalesced_entries` (entries saved
+        by coalescing)."""
+        out: dict[str, int | float] = {
+            item.name: getattr(self, item.name)
+            for item in dataclasses.fields(self)
+            if not item.metadata.get("histogram")
+        }
         out["coalesced_entries"] = max(0, self.entries_applied - self.threads_applied)
         return out
+
+    def histograms(self) -> dict[str, HistogramSnapshot]:
+        """Snapshots of the distributions: ``flush_duration_seconds`` (per cycle) and
+        ``flush_lag_seconds`` (per applied entry)."""
+        return {
+            "flush_duration_seconds": self.flush_duration.snapshot(),
+            "flush_lag_seconds": self.flush_lag.snapshot(),
+        }

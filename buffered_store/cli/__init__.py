@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 
 import click
 
-_COMMAND_MODULES = ("db", "store")
+_COMMAND_MODULES = ("db", "store", "spark", "health")
 
 
 class _PluginGroup(click.Group):

@@ -647,7 +647,12 @@ async def test_recovers_from_a_nats_server_restart(flushers: list[Flusher]) -> N
             await _retry_wal(functools.partial(writer.checkpoint, thread, make_messages(step)))
         await flushed_to(inner, {thread: 6}, timeout_s=20)
         assert await inner.load_messages(thread) == make_messages(6)
-        assert service.stats()["resubscribes"] >= 1
+        # The pull subscription is re-created once the flusher notices the reconnect; that
+        # can land after the entries above were flushed, so wait for it (bounded).
+        deadline = asyncio.get_running_loop().time() + 10
+        while service.stats()["resubscribes"] < 1:
+            assert asyncio.get_running_loop().time() < deadline, "never resubscribed"
+            await asyncio.sleep(0.05)
         await service.stop()
         await wal.close()
     finally:

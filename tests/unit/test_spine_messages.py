@@ -92,7 +92,7 @@ def test_encode_messages_reports_the_index() -> None:
 def test_encode_messages_cache_reuses_unchanged_objects() -> None:
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     previous = encode_messages(messages)
-    again = encode_messages(messages, previous, messages)
+    again = encode_messages(messages, previous)
     assert again == previous
 
 
@@ -100,10 +100,10 @@ def test_encode_messages_cache_sees_in_place_mutation() -> None:
     message: dict[str, Any] = {"role": "user", "content": "a"}
     previous = encode_messages([message])
     message["content"] = "b"
-    assert encode_messages([message], previous, [message]) == enc("b")
+    assert encode_messages([message], previous) == enc("b")
     del message["role"]
     with pytest.raises(ValidationError):
-        encode_messages([message], previous, [message])
+        encode_messages([message], previous)
 
 
 def test_encode_messages_cache_does_not_let_nan_through() -> None:
@@ -115,7 +115,7 @@ def test_encode_messages_cache_does_not_let_nan_through() -> None:
     previous = encode_messages([message])
     message["score"] = math.nan
     with pytest.raises(ValidationError):
-        encode_messages([message], previous, [message])
+        encode_messages([message], previous)
 
 
 def test_decode_message_rejects_non_objects() -> None:

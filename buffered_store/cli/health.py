@@ -1,0 +1,289 @@
+"""`bufstore health`: exit 0 when NATS and Postgres answer and the flush backlog and lag
+are under their thresholds, 1 otherwise; usable as a container probe.
+
+It measures what `bufstore status` reports (backlog from the consumer info; lag as the
+age of the oldest entry above its thread's flushed mark), but bounded and free of side
+effects, as a probe must be: one plain NATS connection that creates and validates
+nothing (`status` goes through `Wal.connect`, which creates missing objects and rejects
+a consumer whose settings differ from the caller's), and at most `SCAN_LIMIT` direct
+gets of the tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every
+check is bounded by ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Literal, TypeVar
+
+import click
+
+from buffered_store.cli.common import database_url_option, nats_url_option, store_config
+from buffered_store.config import EngineConfig
+
+Status = Literal["ok", "fail", "skip"]
+T = TypeVar("T")
+
+DEFAULT_MAX_BACKLOG = 10_000
+DEFAULT_MAX_LAG_S = 60.0
+SCAN_LIMIT = 2_000
+"""Most entries of the unacknowledged tail one check reads (the oldest ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The result of one health check."""
+
+    name: str
+    status: Status
+    detail: str
+    value: float | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WalFigures:
+    """What the WAL side of the health check measured."""
+
+    backlog: int
+    """Entries undelivered or unacknowledged (all flushers)."""
+    lag_s: float
+    """Age of the oldest unflushed entry (0 when none)."""
+    pending_threads: int
+    """Threads with unflushed entries (a lower bound when not `complete`)."""
+    complete: bool
+    """Whether the whole unacknowledged tail was read."""
+
+
+def register(group: click.Group) -> None:
+    """Add the command to the `bufstore` group."""
+    group.add_command(health)
+
+
+@click.command("health")
+@click.option(
+    "--max-backlog",
+    type=int,
+    envvar="BUFSTORE_HEALTH_MAX_BACKLOG",
+    default=DEFAULT_MAX_BACKLOG,
+    show_default=True,
+    show_envvar=True,
+    help="Most WAL entries waiting to be flushed (undelivered + unacknowledged).",
+)
+@click.option(
+    "--max-lag-s",
+    type=float,
+    envvar="BUFSTORE_HEALTH_MAX_LAG_S",
+    default=DEFAULT_MAX_LAG_S,
+    show_default=True,
+    show_envvar=True,
+    help="Oldest unflushed checkpoint, in seconds.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds each check may take.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@nats_url_option
+@database_url_option
+def health(
+    max_backlog: int,
+    max_lag_s: float,
+    timeout_s: float,
+    as_json: bool,
+    nats_url: str | None,
+    database_url: str | None,
+) -> None:
+    """Check NATS, Postgres, the flush backlog and lag; exit 1 if anything fails.
+
+    Postgres is checked when a database URL is given (option or $DATABASE_URL).
+    """
+    config = store_config(nats_url)
+    checks, figures = asyncio.run(
+        run_checks(
+            config,
+            database_url=database_url,
+            max_backlog=max_backlog,
+            max_lag_s=max_lag_s,
+            timeout_s=timeout_s,
+        )
+    )
+    healthy = all(c.status != "fail" for c in checks)
+    if as_json:
+        report = {
+            "healthy": healthy,
+            "checks": [asdict(c) for c in checks],
+            "wal": asdict(figures) if figures else None,
+        }
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        for check in checks:
+            click.echo(f"{check.status.upper():<4}  {check.name:<8}  {check.detail}")
+    if not healthy:
+        raise click.exceptions.Exit(1)
+
+
+async def run_checks(
+    config: EngineConfig,
+    *,
+    database_url: str | None,
+    max_backlog: int | None,
+    max_lag_s: float | None,
+    timeout_s: float,
+    scan_limit: int = SCAN_LIMIT,
+) -> tuple[list[Check], WalFigures | None]:
+    """Every check, run concurrently; the WAL figures when NATS answered."""
+    wal, postgres = await asyncio.gather(
+        _wal_checks(config, max_backlog, max_lag_s, timeout_s, scan_limit),
+        _postgres_check(database_url, timeout_s),
+    )
+    checks, figures = wal
+    return [*checks, postgres], figures
+
+
+async def _wal_checks(
+    config: EngineConfig,
+    max_backlog: int | None,
+    max_lag_s: float | None,
+    timeout_s: float,
+    scan_limit: int,
+) -> tuple[list[Check], WalFigures | None]:
+    try:
+        figures = await _bounded(lambda: wal_figures(config, timeout_s, scan_limit), timeout_s)
+    except Exception as exc:
+        skipped = [Check(n, "skip", "not checked: NATS failed") for n in ("backlog", "lag")]
+        return [Check("nats", "fail", f"{config.nats_url}: {_describe(exc)}"), *skipped], None
+    checks = [
+        Check(
+            "nats",
+            "ok",
+            f"{config.nats_url}: consumer {config.consumer_name!r} on {config.stream_name!r}",
+        ),
+        threshold_check("backlog", figures.backlog, max_backlog, "entries"),
+        threshold_check("lag", round(figures.lag_s, 3), max_lag_s, "s"),
+    ]
+    return checks, figures
+
+
+def threshold_check(name: str, value: float, limit: float | None, unit: str) -> Check:
+    """ok when `value` is at most `limit` (None: no limit)."""
+    shown = f"{value:g} {unit}"
+    if limit is None:
+        return Check(name, "ok", shown, value)
+    status: Status = "ok" if value <= limit else "fail"
+    return Check(name, status, f"{shown} (max {limit:g})", value, limit)
+
+
+async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -> WalFigures:
+    """Backlog and lag of the flusher consumer, over a connection of its own that creates
+    and validates nothing (a missing stream or consumer is an error, and a probe whose
+    settings differ from the flusher's in ``ack_wait_s`` still works).
+
+    The lag is the age of the oldest entry above its thread's KV flushed mark among the
+    first `scan_limit` entries of the unacknowledged tail: the tail is in stream order,
+    so the oldest entries are always read; beyond it `pending_threads` is a lower bound.
+    """
+    import nats
+
+    from buffered_store.entry import decode_flushed
+    from buffered_store.flushing import group_by_thread, read_tail
+    from buffered_store.keys import flushed_key
+    from buffered_store.records import utcnow
+    from buffered_store.wal import Wal, translated
+
+    async with translated(f"connect to {config.nats_url}"):
+        nc = await nats.connect(
+            servers=config.servers,
+            name="bufstore-health",
+            user_credentials=config.credentials_option(),
+            connect_timeout=timeout_s,
+            allow_reconnect=False,
+            # nats-py treats 0 as "retry forever" when choosing a server: allow one retry.
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            error_cb=_quiet,
+        )
+    try:
+        wal = Wal(nc, config)
+        async with translated("read the flusher consumer"):
+            consumer, stream = await asyncio.gather(
+                wal.js.consumer_info(config.stream_name, config.consumer_name),
+                wal.js.stream_info(config.stream_name),
+            )
+            hot = await wal.js.key_value(config.hot_bucket)
+        backlog = int(consumer.num_pending or 0) + int(consumer.num_ack_pending or 0)
+        first = (consumer.ack_floor.stream_seq if consumer.ack_floor else 0) + 1
+        last = int(stream.state.last_seq)
+        by_thread = group_by_thread(
+            await read_tail(wal, config, first, min(last, first + scan_limit - 1))
+        )
+        marks = await asyncio.gather(*(wal.kv_get(flushed_key(t), bucket=hot) for t in by_thread))
+        now = utcnow()
+        oldest = [
+            next(e.at for e in entries if e.seq > flushed)
+            for entries, mark in zip(by_thread.values(), marks, strict=True)
+            if entries[-1].seq > (flushed := decode_flushed(mark.value).seq if mark else 0)
+        ]
+        lag = max(((now - at).total_seconds() for at in oldest), default=0.0)
+        return WalFigures(
+            backlog=backlog,
+            lag_s=max(0.0, lag),
+            pending_threads=len(oldest),
+            complete=last - first < scan_limit,
+        )
+    finally:
+        await nc.close()
+
+
+async def _postgres_check(database_url: str | None, timeout_s: float) -> Check:
+    if not database_url:
+        return Check("postgres", "skip", "no --database-url / $DATABASE_URL")
+    try:
+        took = await _bounded(lambda: ping_postgres(database_url, timeout_s), timeout_s)
+    except Exception as exc:
+        return Check("postgres", "fail", _describe(exc))
+    return Check("postgres", "ok", f"SELECT 1 in {took * 1000:.0f} ms", round(took, 4))
+
+
+async def ping_postgres(database_url: str, timeout_s: float) -> float:
+    """Seconds a fresh connection and ``SELECT 1`` took."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from buffered_store.migrate import normalize_url
+
+    url = make_url(normalize_url(database_url)).set(drivername="postgresql")
+    started = time.perf_counter()
+    conn = await psycopg.AsyncConnection.connect(
+        url.render_as_string(hide_password=False),
+        autocommit=True,
+        connect_timeout=max(1, round(timeout_s)),
+    )
+    async with conn:
+        await conn.execute("SELECT 1")
+    return time.perf_counter() - started
+
+
+async def _bounded(make: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    async with asyncio.timeout(timeout_s):
+        return await make()
+
+
+async def _quiet(exc: Exception) -> None:
+    """The probe reports failures itself; the client's own error log would only repeat."""
+
+
+def _describe(exc: BaseException) -> str:
+    from buffered_store.logs import scrub
+
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    text = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", limit=300)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
