@@ -283,13 +283,13 @@ class BufferedThreadRunStore:
         assert cursor.hot is not None
         try:
             async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                work: list[Awaitable[Any]] = [
-                    self._writer.advance_hot(thread_id, cursor.hot, base.revision)
-                ]
-                if run is not None:
-                    work.append(self._writer.index_run(thread_id, run.run_id, cursor))
-                revision, *_ = await asyncio.gather(*work)
-                cursor.revision = revision
+                advance = self._writer.advance_hot(thread_id, cursor.hot, base.revision)
+                if run is None or run.run_id in cursor.runs:
+                    # The steady state: no task to spawn, just the one KV round trip.
+                    cursor.revision = await advance
+                else:
+                    index = self._writer.index_run(thread_id, run.run_id, cursor)
+                    cursor.revision, _ = await asyncio.gather(advance, index)
         except (StoreError, TimeoutError) as exc:
             self._writer.cursors.drop(thread_id)
             self._stats["commit_unknown"] += 1
