@@ -1,0 +1,468 @@
+"""``spark.read.format("threadlog")``: the unflushed WAL tail as a DataFrame of entries.
+
+The range of stream seqs that may hold unflushed entries, ``[first, last]``, comes from
+the flusher consumer (`Wal.tail_bounds`): usually computed on the driver and passed as
+options, so every partition reads the same tail. The range is cut into contiguous slices;
+each partition connects to NATS from its executor and reads its slice with direct gets,
+a chunk at a time. Reading costs O(entries in the tail), whatever the number of threads.
+
+One row per decodable thread entry (garbage and other front-ends' subjects are skipped,
+as the flusher quarantines them): the entry's seq and kind, its message delta (`keep`
+plus the appended messages), the thread summary it carries, and its run.
+
+Options: ``nats_url`` (required), ``credentials``, ``stream_name``, ``consumer_name``,
+``request_timeout_s``, ``first`` and ``last`` (both or neither), ``partitions``,
+``min_partition_entries``, ``chunk_entries``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+import nats
+import orjson
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from buffered_store.config import EngineConfig
+from buffered_store.entry import WalEntry
+from buffered_store.errors import ConfigError
+from buffered_store.flushing import read_tail
+from buffered_store.records import RunRecord
+from buffered_store.wal import Wal, translated
+
+T = TypeVar("T")
+
+SOURCE_NAME = "threadlog"
+MIN_PARTITION_ENTRIES = 1024
+"""Default smallest slice of the tail read by one partition: each costs a NATS connection."""
+_OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "first": int,
+    "last": int,
+    "partitions": int,
+    "min_partition_entries": int,
+    "chunk_entries": int,
+    "request_timeout_s": float,
+}
+
+RUN_STRUCT = (
+    "struct<run_id:string, thread_id:string, agent_id:string, status:string, "
+    "parent_run_id:string, parent_thread_id:string, created_at:timestamp, "
+    "updated_at:timestamp, finished_at:timestamp, steps:int, input_tokens:bigint, "
+    "output_tokens:bigint, error:string, output:string, metadata:string>"
+)
+"""A run as Spark sees it: its columns, with `output` and `metadata` as JSON text."""
+
+_RUN_FIELDS = StructType(
+    [
+        StructField("run_id", StringType()),
+        StructField("thread_id", StringType()),
+        StructField("agent_id", StringType()),
+        StructField("status", StringType()),
+        StructField("parent_run_id", StringType()),
+        StructField("parent_thread_id", StringType()),
+        StructField("created_at", TimestampType()),
+        StructField("updated_at", TimestampType()),
+        StructField("finished_at", TimestampType()),
+        StructField("steps", IntegerType()),
+        StructField("input_tokens", LongType()),
+        StructField("output_tokens", LongType()),
+        StructField("error", StringType()),
+        StructField("output", StringType()),
+        StructField("metadata", StringType()),
+    ]
+)
+ENTRY_SCHEMA = StructType(
+    [
+        StructField("thread_id", StringType()),
+        StructField("seq", LongType()),
+        StructField("kind", StringType()),
+        StructField("stream_seq", LongType()),
+        StructField("at", TimestampType()),
+        StructField("keep", IntegerType()),
+        StructField("message_count", IntegerType()),
+        StructField("created_at", TimestampType()),
+        StructField("parent_thread_id", StringType()),
+        StructField("metadata", StringType()),
+        StructField("latest_run_id", StringType()),
+        StructField("run", _RUN_FIELDS),
+        StructField(
+            "messages",
+            ArrayType(
+                StructType(
+                    [StructField("role", StringType()), StructField("message", StringType())]
+                )
+            ),
+        ),
+    ]
+)
+"""Rows of the ``threadlog`` source. For a delete (`kind` ``del``) the summary columns
+are null and `messages` is empty; `at` is the entry's time (the thread's `updated_at`)."""
+_ENTRY_ARROW = to_arrow_schema(ENTRY_SCHEMA, timezone="UTC")
+
+OVERLAY_SCHEMA = (
+    "thread_id string, ov_seq bigint, ov_first_seq bigint, ov_del_seq bigint, "
+    "ov_deleted boolean, ov_count int, ov_parent_thread_id string, ov_metadata string, "
+    "ov_created_at timestamp, ov_updated_at timestamp, ov_latest_run_id string, "
+    "ov_message_count int, ov_base int, "
+    "ov_messages array<struct<thread_seq:bigint, role:string, message:string>>"
+)
+"""One row per pending thread, condensed from its entries by `condense_tail`.
+
+`ov_messages[i]` is position ``ov_base + i``: the newest entry that wrote it, for every
+position from `ov_base` (the lowest one the entries wrote) up to `ov_count`."""
+RUN_VERSION_SCHEMA = f"run_id string, ov_owner string, ov_run_seq bigint, ov_run {RUN_STRUCT}"
+"""Per run id in the tail: its newest version, the thread holding it and its seq."""
+
+
+def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code.
+
+    Spark's API is synchronous, but its callers may sit inside an event loop (a notebook,
+    an async test): the coroutine then runs on a helper thread with its own loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bufstore-spark") as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TailRead:
+    """What a read of the WAL tail needs; travels to the executors inside the reader."""
+
+    nats_url: str
+    credentials: str | None = None
+    stream_name: str = "THREADLOG"
+    consumer_name: str = "thread-flusher"
+    request_timeout_s: float = 5.0
+    first: int | None = None
+    last: int | None = None
+    partitions: int = 2
+    min_partition_entries: int = MIN_PARTITION_ENTRIES
+    """A slice is never cut smaller than this: a partition costs a NATS connection."""
+    chunk_entries: int = 4096
+    """Entries fetched (concurrently) before rows are handed to Spark: bounds memory."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> TailRead:
+        """Parse data source options (strings; unknown keys are rejected)."""
+        given = {str(k).lower(): v for k, v in options.items() if k.lower() != "path"}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ConfigError(f"unknown {SOURCE_NAME} option(s): {', '.join(unknown)}")
+        if not given.get("nats_url"):
+            raise ConfigError(f"the {SOURCE_NAME} source needs the nats_url option")
+        if ("first" in given) != ("last" in given):
+            raise ConfigError("give both first and last, or neither")
+        values: dict[str, Any] = {}
+        try:
+            for name, raw in given.items():
+                values[name] = _OPTION_TYPES.get(name, str)(raw)
+        except ValueError as exc:
+            raise ConfigError(f"invalid {SOURCE_NAME} option: {exc}") from None
+        read = cls(**values)
+        if read.partitions < 1 or read.min_partition_entries < 1 or read.chunk_entries < 1:
+            raise ConfigError("partitions, min_partition_entries and chunk_entries must be >= 1")
+        return read
+
+    def engine(self) -> EngineConfig:
+        """The WAL settings of this read."""
+        return EngineConfig(
+            nats_url=self.nats_url,
+            credentials=self.credentials,
+            stream_name=self.stream_name,
+            consumer_name=self.consumer_name,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+
+def tail_options(config: EngineConfig, bounds: tuple[int, int], partitions: int) -> dict[str, str]:
+    """Data source options reading the tail `bounds` of the WAL described by `config`."""
+    options = {
+        "nats_url": config.nats_url,
+        "stream_name": config.stream_name,
+        "consumer_name": config.consumer_name,
+        "request_timeout_s": str(config.request_timeout_s),
+        "first": str(bounds[0]),
+        "last": str(bounds[1]),
+        "partitions": str(partitions),
+    }
+    if config.credentials:
+        options["credentials"] = config.credentials
+    return options
+
+
+def split_range(first: int, last: int, partitions: int, min_size: int) -> list[tuple[int, int]]:
+    """Cut ``[first, last]`` into at most `partitions` contiguous slices of >= `min_size`."""
+    if last < first:
+        return []
+    count = last - first + 1
+    parts = max(1, min(partitions, -(-count // max(1, min_size))))
+    size = -(-count // parts)
+    return [(lo, min(last, lo + size - 1)) for lo in range(first, last + 1, size)]
+
+
+async def open_wal(config: EngineConfig) -> Wal:
+    """A read-only WAL handle: connects without creating or checking any server object."""
+    async with translated(f"connect to {config.nats_url}"):
+        nc = await nats.connect(
+            servers=config.servers,
+            name="bufstore-spark",
+            user_credentials=config.credentials_option(),
+            connect_timeout=config.request_timeout_s,
+            allow_reconnect=False,
+        )
+    return Wal(nc, config)
+
+
+def tail_bounds(config: EngineConfig) -> tuple[int, int]:
+    """``(first, last)`` stream seqs that may hold unflushed entries (empty when last < first)."""
+
+    async def read() -> tuple[int, int]:
+        wal = await open_wal(config)
+        try:
+            return await wal.tail_bounds()
+        finally:
+            await wal.close()
+
+    return run_sync(read)
+
+
+def entry_row(entry: WalEntry) -> dict[str, Any]:
+    """One ``threadlog`` row (see `ENTRY_SCHEMA`)."""
+    thread = entry.thread
+    return {
+        "thread_id": entry.thread_id,
+        "seq": entry.seq,
+        "kind": entry.kind.value,
+        "stream_seq": entry.stream_seq,
+        "at": entry.at,
+        "keep": entry.keep,
+        "message_count": entry.message_count,
+        "created_at": thread.created_at if thread else None,
+        "parent_thread_id": thread.parent_thread_id if thread else None,
+        "metadata": orjson.dumps(dict(thread.metadata)).decode() if thread else None,
+        "latest_run_id": thread.latest_run_id if thread else None,
+        "run": run_row(entry.run) if entry.run else None,
+        "messages": [
+            {"role": orjson.loads(item)["role"], "message": item.decode()}
+            for item in entry.messages
+        ],
+    }
+
+
+def run_row(run: RunRecord) -> dict[str, Any]:
+    """A run as a `RUN_STRUCT` value."""
+    return {
+        "run_id": run.run_id,
+        "thread_id": run.thread_id,
+        "agent_id": run.agent_id,
+        "status": run.status.value,
+        "parent_run_id": run.parent_run_id,
+        "parent_thread_id": run.parent_thread_id,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "finished_at": run.finished_at,
+        "steps": run.steps,
+        "input_tokens": run.input_tokens,
+        "output_tokens": run.output_tokens,
+        "error": run.error,
+        "output": None if run.output is None else orjson.dumps(run.output).decode(),
+        "metadata": orjson.dumps(dict(run.metadata)).decode(),
+    }
+
+
+def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
+    """The entries with stream seq in ``[lo, hi]``, one Arrow batch per chunk fetched.
+
+    Arrow batches skip PySpark's row-by-row conversion of nested values.
+    """
+    config = read.engine()
+    loop = asyncio.new_event_loop()
+    try:
+        wal = loop.run_until_complete(open_wal(config))
+        try:
+            for start in range(lo, hi + 1, read.chunk_entries):
+                stop = min(hi, start + read.chunk_entries - 1)
+                entries = loop.run_until_complete(read_tail(wal, config, start, stop))
+                if entries:
+                    rows = [entry_row(entry) for entry in entries]
+                    yield pa.RecordBatch.from_pylist(rows, schema=_ENTRY_ARROW)
+        finally:
+            loop.run_until_complete(wal.close())
+    finally:
+        loop.close()
+
+
+def read_rows(read: TailRead, lo: int, hi: int) -> list[dict[str, Any]]:
+    """The rows of ``[lo, hi]``, read in this process (the driver, for a short tail)."""
+
+    async def fetch() -> list[dict[str, Any]]:
+        config = read.engine()
+        wal = await open_wal(config)
+        try:
+            return [entry_row(entry) for entry in await read_tail(wal, config, lo, hi)]
+        finally:
+            await wal.close()
+
+    return run_sync(fetch)
+
+
+class SeqRange(InputPartition):
+    """A contiguous slice of stream seqs read by one Spark partition."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        super().__init__((lo, hi))
+        self.lo = lo
+        self.hi = hi
+
+
+class ThreadLogReader(DataSourceReader):
+    """Plans the slices on the driver side and reads one slice per partition."""
+
+    def __init__(self, read: TailRead) -> None:
+        self.read_spec = read
+
+    def partitions(self) -> Sequence[SeqRange]:
+        spec = self.read_spec
+        if spec.first is None or spec.last is None:
+            first, last = tail_bounds(spec.engine())
+        else:
+            first, last = spec.first, spec.last
+        slices = split_range(first, last, spec.partitions, spec.min_partition_entries)
+        return [SeqRange(lo, hi) for lo, hi in slices] or [SeqRange(1, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SeqRange)
+        if partition.hi < partition.lo:
+            return iter(())
+        return read_slice(self.read_spec, partition.lo, partition.hi)
+
+
+class ThreadLogDataSource(DataSource):
+    """The ``threadlog`` batch source: entries of the unflushed WAL tail."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return ENTRY_SCHEMA
+
+    def reader(self, schema: Any) -> ThreadLogReader:
+        return ThreadLogReader(TailRead.from_options(self.options))
+
+
+# -- condensing the tail into the overlay ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condensed:
+    """The overlay of a WAL tail: rows of `OVERLAY_SCHEMA` and `RUN_VERSION_SCHEMA`."""
+
+    threads: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+
+    def counts(self) -> dict[str, int]:
+        """Newest message count per pending thread (0 when deleted)."""
+        return {row["thread_id"]: row["ov_count"] for row in self.threads}
+
+    def runs_by_thread(self) -> dict[str, list[str]]:
+        """Per pending thread, the run ids whose newest version it holds."""
+        out: dict[str, list[str]] = {row["thread_id"]: [] for row in self.threads}
+        for run in self.runs:
+            out[run["ov_owner"]].append(run["run_id"])
+        return out
+
+
+def condense_tail(entries: Iterable[Mapping[str, Any]]) -> Condensed:
+    """Fold the tail's entries (rows of `ENTRY_SCHEMA` as dicts) per thread. Pure.
+
+    Per thread: the newest seq ``b``; the first seq of the contiguous run of seqs ending
+    at ``b`` (an entry missing below it is a gap); the last delete; the summary at ``b``;
+    for each message position below the count at ``b`` that an entry wrote, the newest
+    such entry and its message. Those positions are contiguous, from the lowest `keep`
+    after the last delete: every later entry keeps at most what exists, so the newest
+    entry whose `keep` does not cover a position also wrote it. Per run id: its newest
+    version, latest in the stream (a run id reused by another thread moves there, and
+    the later write is the one a flush leaves in place).
+
+    Whether an entry applies depends on the watermark each JDBC partition reads, so
+    nothing is dropped here: the Spark side compares these seqs with it.
+    """
+    groups: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for entry in entries:
+        # The first stored entry of a seq wins, as in `plan_entries`.
+        groups.setdefault(entry["thread_id"], {}).setdefault(entry["seq"], entry)
+    newest_runs: dict[str, tuple[int, int, str, Mapping[str, Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    for thread_id in sorted(groups):
+        by_seq = groups[thread_id]
+        seqs = sorted(by_seq)
+        first = seqs[-1]
+        while first - 1 in by_seq:
+            first -= 1
+        cells: dict[int, dict[str, Any]] = {}
+        deleted_at = 0
+        for seq in seqs:
+            entry = by_seq[seq]
+            if entry["kind"] == "del":
+                cells, deleted_at = {}, seq
+                continue
+            for index, message in enumerate(entry["messages"] or ()):
+                cells[entry["keep"] + index] = {
+                    "thread_seq": seq,
+                    "role": message["role"],
+                    "message": message["message"],
+                }
+            run = entry["run"]
+            if run is not None:
+                known = newest_runs.get(run["run_id"])
+                if known is None or known[0] < entry["stream_seq"]:
+                    newest_runs[run["run_id"]] = (entry["stream_seq"], seq, thread_id, run)
+        last = by_seq[seqs[-1]]
+        deleted = last["kind"] == "del"
+        count = 0 if deleted else last["message_count"]
+        base = min((p for p in cells if p < count), default=count)
+        rows.append(
+            {
+                "thread_id": thread_id,
+                "ov_seq": seqs[-1],
+                "ov_first_seq": first,
+                "ov_del_seq": deleted_at,
+                "ov_deleted": deleted,
+                "ov_count": count,
+                "ov_parent_thread_id": last["parent_thread_id"],
+                "ov_metadata": last["metadata"],
+                "ov_created_at": last["created_at"],
+                "ov_updated_at": last["at"],
+                "ov_latest_run_id": last["latest_run_id"],
+                "ov_message_count": count,
+                "ov_base": base,
+                # A hole (impossible for well-formed entries) reads as "not written".
+                "ov_messages": [cells.get(p) for p in range(base, count)],
+            }
+        )
+    runs = [
+        {"run_id": run_id, "ov_owner": thread_id, "ov_run_seq": seq, "ov_run": run}
+        for run_id, (_, seq, thread_id, run) in sorted(newest_runs.items())
+    ]
+    return Condensed(rows, runs)

@@ -1,0 +1,286 @@
+"""JDBC reads of the flushed tables: partitioned, typed, with jsonb made usable.
+
+Every read is split into partitions by a list of predicates, because the keys are text
+(Spark's `partitionColumn` must be numeric or a date): by default ``N`` hash buckets of
+``thread_id``, so all rows of one thread fall in one partition. Each partition is one
+query, hence one snapshot of Postgres; `shared_snapshot` makes every partition of every
+read use the same snapshot instead.
+
+jsonb columns: the run `record` is taken apart in SQL into typed columns (its shape is
+known); documents of unknown shape (`threads.metadata`, `messages.message`,
+`runs.output`/`metadata`) arrive as JSON text, to be parsed with ``from_json`` or
+``parse_json`` where needed.
+
+The SQL builders are pure. They also build the overlay queries of `overlay`: each adds
+to the rows of a pending thread that thread's watermark, read *in the same statement*,
+and placeholder rows for what the thread's unflushed entries add.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pyspark.sql import DataFrame, SparkSession
+
+from buffered_store.devservices import jdbc_url_from_url, to_libpq_url
+from buffered_store.errors import ConfigError
+
+POSTGRES_DRIVER_CLASS = "org.postgresql.Driver"
+_SNAPSHOT_ID = re.compile(r"^[0-9A-Fa-f-]+$")
+
+THREAD_COLUMNS = (
+    "thread_id string, parent_thread_id string, metadata string, created_at timestamp, "
+    "updated_at timestamp, latest_run_id string, message_count int, thread_seq bigint"
+)
+"""Columns of a threads DataFrame; `thread_seq` is the seq of the state shown."""
+MESSAGE_COLUMNS = "thread_id string, position int, role string, message string, thread_seq bigint"
+"""Columns of a messages DataFrame; `thread_seq` is the checkpoint that wrote the row."""
+RUN_COLUMNS = (
+    "run_id string, thread_id string, agent_id string, status string, parent_run_id string, "
+    "parent_thread_id string, created_at timestamp, updated_at timestamp, "
+    "finished_at timestamp, steps int, input_tokens bigint, output_tokens bigint, "
+    "error string, output string, metadata string, thread_seq bigint"
+)
+"""Columns of a runs DataFrame; `output` (null for none) and `metadata` are JSON text."""
+
+
+def column_names(ddl: str) -> list[str]:
+    """Names of a ``name type, ...`` column list."""
+    return [part.strip().split(" ", 1)[0] for part in ddl.split(",") if part.strip()]
+
+
+def quote_ident(name: str) -> str:
+    """A Postgres identifier, quoted."""
+    if not name or "\x00" in name:
+        raise ConfigError(f"invalid Postgres identifier {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, kw_only=True)
+class JdbcSource:
+    """Where the flushed tables are and how to read them over JDBC."""
+
+    url: str
+    """``jdbc:postgresql://host:port/db?user=...`` (credentials may go in `properties`)."""
+    schema: str = "public"
+    properties: Mapping[str, str] = field(default_factory=dict)
+    """More JDBC connection properties: ``user``, ``password``, ``ssl``..."""
+    partitions: int = 8
+    """Hash buckets of ``thread_id``: one Spark partition (and query) each."""
+    fetchsize: int = 10_000
+    """Rows per round trip; also makes the driver stream instead of buffering a result."""
+    predicates: tuple[str, ...] | None = None
+    """Replaces the hash buckets: one partition per SQL condition. They must cover every
+    row exactly once and may only use ``thread_id`` (every read has it)."""
+    session_init: str | None = None
+    """SQL run by each partition before its query (set by `with_snapshot`)."""
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith("jdbc:postgresql:"):
+            raise ConfigError(f"not a PostgreSQL JDBC URL: {self.url.split('?')[0]!r}")
+        quote_ident(self.schema)
+        if self.partitions < 1 or self.fetchsize < 1:
+            raise ConfigError("partitions and fetchsize must be >= 1")
+        if self.predicates is not None and not self.predicates:
+            raise ConfigError("predicates, when given, must not be empty")
+
+    @classmethod
+    def from_database_url(cls, database_url: str, **options: Any) -> JdbcSource:
+        """From a ``postgresql://`` or SQLAlchemy URL (credentials become properties)."""
+        return cls(url=jdbc_url_from_url(database_url), **options)
+
+    def with_snapshot(self, snapshot_id: str) -> JdbcSource:
+        """The same source, every partition reading the exported snapshot `snapshot_id`."""
+        if not _SNAPSHOT_ID.match(snapshot_id):
+            raise ConfigError(f"not a snapshot id: {snapshot_id!r}")
+        init = (
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+        )
+        return dataclasses.replace(self, session_init=init)
+
+    def table(self, name: str) -> str:
+        """A table of the store, schema-qualified and quoted."""
+        return f"{quote_ident(self.schema)}.{quote_ident(name)}"
+
+    def partition_predicates(self) -> list[str]:
+        """One condition per partition over ``thread_id``."""
+        if self.predicates is not None:
+            return list(self.predicates)
+        n = self.partitions
+        return [f"mod(abs(hashtext(thread_id)::bigint), {n}) = {i}" for i in range(n)]
+
+    def connection_properties(self) -> dict[str, str]:
+        """Properties handed to Spark's JDBC reader."""
+        props = {"driver": POSTGRES_DRIVER_CLASS, "fetchsize": str(self.fetchsize)}
+        if self.session_init:
+            props["sessionInitStatement"] = self.session_init
+        props.update(self.properties)
+        return props
+
+
+# -- SQL ---------------------------------------------------------------------------------
+
+_THREAD_SELECT = (
+    "t.thread_id, t.parent_thread_id, t.metadata::text AS metadata, t.created_at, "
+    "t.updated_at, t.latest_run_id, t.message_count, t.flushed_seq AS thread_seq"
+)
+_MESSAGE_SELECT = "m.thread_id, m.position, m.role, m.message::text AS message, m.thread_seq"
+_RUN_SELECT = (
+    "r.run_id, r.thread_id, r.agent_id, r.status, r.parent_run_id, "
+    "r.record->>'parent_thread_id' AS parent_thread_id, r.created_at, r.updated_at, "
+    "r.finished_at, r.steps, r.input_tokens, r.output_tokens, r.record->>'error' AS error, "
+    "NULLIF((r.record->'output')::text, 'null') AS output, "
+    "(r.record->'metadata')::text AS metadata, r.thread_seq"
+)
+_LIVE = "t.deleted_at IS NULL AND t.created_at IS NOT NULL"
+"""A thread row that is neither a tombstone nor a row created by a flush not yet done."""
+
+
+def threads_sql(source: JdbcSource) -> str:
+    """Live threads."""
+    return f"SELECT {_THREAD_SELECT} FROM {source.table('threads')} t WHERE {_LIVE}"
+
+
+def messages_sql(source: JdbcSource) -> str:
+    """Every message row."""
+    return f"SELECT {_MESSAGE_SELECT} FROM {source.table('messages')} m"
+
+
+def runs_sql(source: JdbcSource) -> str:
+    """Every run."""
+    return f"SELECT {_RUN_SELECT} FROM {source.table('runs')} r"
+
+
+def json_sql(value: Any) -> str:
+    """A JSON value as a SQL ``jsonb`` expression, injection-proof.
+
+    The JSON travels base64-encoded: whatever the ids in it contain, the SQL text only
+    holds ``[A-Za-z0-9+/=]``.
+    """
+    payload = base64.b64encode(orjson.dumps(value)).decode("ascii")
+    return f"convert_from(decode('{payload}', 'base64'), 'UTF8')::jsonb"
+
+
+def id_set_sql(ids: Iterable[str]) -> str:
+    """A set of ids as a SQL row source (column ``thread_id``)."""
+    return (
+        "SELECT DISTINCT value AS thread_id FROM "
+        f"jsonb_array_elements_text({json_sql(sorted(set(ids)))})"
+    )
+
+
+def overlay_threads_sql(source: JdbcSource, pending: Iterable[str]) -> str:
+    """Threads with tombstones and a `live` flag, plus a placeholder row (watermark 0)
+    for each pending thread the table does not hold, all in one statement."""
+    threads = source.table("threads")
+    return (
+        f"WITH pending AS MATERIALIZED ({id_set_sql(pending)}) "
+        f"SELECT {_THREAD_SELECT}, ({_LIVE}) AS live FROM {threads} t "
+        "UNION ALL SELECT p.thread_id, NULL, NULL, NULL, NULL, NULL, 0, 0, false "
+        f"FROM pending p WHERE NOT EXISTS (SELECT 1 FROM {threads} t "
+        "WHERE t.thread_id = p.thread_id)"
+    )
+
+
+def overlay_messages_sql(source: JdbcSource, counts: Mapping[str, int]) -> str:
+    """Messages, with the watermark of their thread when it is pending, plus placeholder
+    rows for the positions a pending thread's entries add beyond its stored count, all
+    in one statement (one snapshot).
+
+    `counts`: the newest message count of each pending thread.
+    """
+    rows = [{"thread_id": t, "n": n} for t, n in sorted(counts.items())]
+    return (
+        "WITH pending AS MATERIALIZED (SELECT thread_id, n FROM "
+        f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, n int)), "
+        "marks AS MATERIALIZED (SELECT p.thread_id, p.n, "
+        "COALESCE(t.flushed_seq, 0) AS watermark, "
+        f"CASE WHEN {_LIVE} THEN t.message_count ELSE 0 END AS stored "
+        f"FROM pending p LEFT JOIN {source.table('threads')} t ON t.thread_id = p.thread_id) "
+        f"SELECT {_MESSAGE_SELECT}, k.watermark, false AS placeholder "
+        f"FROM {source.table('messages')} m LEFT JOIN marks k ON k.thread_id = m.thread_id "
+        "UNION ALL SELECT k.thread_id, g.position, NULL, NULL, NULL, k.watermark, true "
+        "FROM marks k CROSS JOIN LATERAL generate_series(k.stored, k.n - 1) AS g(position)"
+    )
+
+
+def overlay_runs_sql(source: JdbcSource, runs_by_thread: Mapping[str, Sequence[str]]) -> str:
+    """Runs, with the watermark of their thread when it is pending, plus a placeholder
+    row for each run a pending thread's entries hold that the table does not hold under
+    that thread, all in one statement (one snapshot).
+
+    `runs_by_thread`: every pending thread, with the run ids whose newest version it holds.
+    """
+    rows = [{"thread_id": t, "runs": list(r)} for t, r in sorted(runs_by_thread.items())]
+    runs = source.table("runs")
+    nulls = ", ".join(["NULL"] * 14)  # the run columns after run_id and thread_id
+    return (
+        "WITH pending AS MATERIALIZED (SELECT thread_id, runs FROM "
+        f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, runs jsonb)), "
+        "marks AS MATERIALIZED (SELECT p.thread_id, p.runs, "
+        "COALESCE(t.flushed_seq, 0) AS watermark "
+        f"FROM pending p LEFT JOIN {source.table('threads')} t ON t.thread_id = p.thread_id) "
+        f"SELECT {_RUN_SELECT}, k.watermark, false AS placeholder "
+        f"FROM {runs} r LEFT JOIN marks k ON k.thread_id = r.thread_id "
+        f"UNION ALL SELECT x.run_id, k.thread_id, {nulls}, k.watermark, true "
+        "FROM marks k CROSS JOIN LATERAL jsonb_array_elements_text(k.runs) AS x(run_id) "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {runs} r "
+        "WHERE r.run_id = x.run_id AND r.thread_id = k.thread_id)"
+    )
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+def read_sql(spark: SparkSession, source: JdbcSource, sql: str) -> DataFrame:
+    """A query over the store's tables, one partition per predicate over ``thread_id``."""
+    return spark.read.jdbc(
+        source.url,
+        f"({sql}) AS q",
+        predicates=source.partition_predicates(),
+        properties=source.connection_properties(),
+    )
+
+
+def read_threads(spark: SparkSession, source: JdbcSource) -> DataFrame:
+    """Live threads as flushed (columns `THREAD_COLUMNS`)."""
+    return read_sql(spark, source, threads_sql(source))
+
+
+def read_messages(spark: SparkSession, source: JdbcSource) -> DataFrame:
+    """Message rows as flushed (columns `MESSAGE_COLUMNS`)."""
+    return read_sql(spark, source, messages_sql(source))
+
+
+def read_runs(spark: SparkSession, source: JdbcSource) -> DataFrame:
+    """Runs as flushed (columns `RUN_COLUMNS`)."""
+    return read_sql(spark, source, runs_sql(source))
+
+
+@contextlib.contextmanager
+def shared_snapshot(database_url: str) -> Iterator[str]:
+    """Export a Postgres snapshot and keep it alive for the ``with`` block.
+
+    Use ``source.with_snapshot(snapshot_id)`` so that every partition of every read sees
+    the same database state. Needs a direct connection (not a transaction-mode pooler);
+    the snapshot holds back vacuum while the block runs.
+    """
+    import psycopg
+
+    with psycopg.connect(to_libpq_url(database_url)) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert row is not None
+        try:
+            yield str(row[0])
+        finally:
+            conn.rollback()

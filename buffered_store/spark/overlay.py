@@ -1,0 +1,415 @@
+"""The store's tables as Spark DataFrames, in the three read consistency modes.
+
+* ``EVENTUAL``: the JDBC reads alone (what the flusher has written so far).
+* ``STRONG``: ``force_flush_all`` first, then the JDBC reads.
+* ``READ_YOUR_WRITES``: the WAL tail merged with the JDBC reads, so a job sees every
+  checkpoint acknowledged before it started.
+
+How the merge stays correct and cheap (DESIGN.md invariants 15 and 16):
+
+1. The WAL tail is read **first** (``threadlog`` source, on the executors) and condensed
+   on the driver into a small overlay: one row per pending thread, one per run id. Its
+   cost is O(pending entries). The JDBC reads run afterwards, at each action.
+2. Every JDBC statement returns, with each row of a pending thread, that thread's
+   watermark ``W`` (`threads.flushed_seq`) read *in the same statement*, plus
+   placeholder rows for what the entries may add (message positions beyond the stored
+   count, runs the table does not hold); see the ``overlay_*_sql`` builders. Each
+   partition is its own transaction, so ``W`` may differ between partitions, but
+   within a partition the rows of a thread are exactly its state at ``W``.
+3. Entries at or below ``W`` are ignored, the others win: newest seq wins per key. A
+   flush that commits between the WAL read and the JDBC read only raises ``W``; it can
+   never let an older entry shadow a newer row.
+4. The overlay is broadcast and joined to the scan; each scan row is kept, replaced by
+   the entry version or dropped, one row in and at most one out, with no shuffle. The
+   merge costs a map over the scan plus O(pending entries).
+
+A delete entry above ``W`` hides the thread, its messages and its runs; so does a
+tombstone row. A thread whose entries above ``W`` do not start at ``W + 1`` (an entry
+neither flushed nor in the tail, e.g. quarantined) fails the job, as the store's own reads
+fail for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from buffered_store.config import BufferedStoreConfig, EngineConfig
+from buffered_store.errors import ConfigError
+from buffered_store.records import ReadConsistency
+from buffered_store.spark.datasource import (
+    MIN_PARTITION_ENTRIES,
+    OVERLAY_SCHEMA,
+    RUN_VERSION_SCHEMA,
+    SOURCE_NAME,
+    Condensed,
+    TailRead,
+    condense_tail,
+    read_rows,
+    run_sync,
+    tail_bounds,
+    tail_options,
+)
+from buffered_store.spark.jdbc import (
+    RUN_COLUMNS,
+    JdbcSource,
+    column_names,
+    overlay_messages_sql,
+    overlay_runs_sql,
+    overlay_threads_sql,
+    read_messages,
+    read_runs,
+    read_sql,
+    read_threads,
+    shared_snapshot,
+)
+from buffered_store.spark.session import register_datasource
+
+RUNS = column_names(RUN_COLUMNS)
+_SUMMARY = ["parent_thread_id", "metadata", "created_at", "updated_at", "latest_run_id"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSource:
+    """Everything a Spark read of the store needs: the tables, the WAL, the database."""
+
+    jdbc: JdbcSource
+    wal: EngineConfig | None = None
+    """Where the WAL is; needed by ``READ_YOUR_WRITES`` and ``STRONG``."""
+    database_url: str | None = None
+    """``postgresql://`` URL for the driver itself: ``STRONG`` flushes through it and
+    `consistent_tables` exports its snapshot through it."""
+    wal_partitions: int | None = None
+    """Spark partitions of the WAL-tail read (default: the default parallelism)."""
+    driver_tail_max_entries: int = MIN_PARTITION_ENTRIES
+    """A WAL tail this short is read by the driver instead of a Spark job (0: never)."""
+    broadcast: bool = True
+    """Broadcast the overlay to the JDBC scans (turn off for a tail too large for it)."""
+    flush_timeout_s: float = 300.0
+    """Budget of the ``force_flush_all`` of ``STRONG`` reads."""
+
+    @classmethod
+    def from_urls(
+        cls,
+        database_url: str,
+        nats_url: str | None = None,
+        *,
+        schema: str = "public",
+        jdbc_url: str | None = None,
+        wal: EngineConfig | None = None,
+        partitions: int = 8,
+        fetchsize: int = 10_000,
+        **options: Any,
+    ) -> StoreSource:
+        """From the URLs the store itself uses; the other WAL settings from ``BUFSTORE_*``.
+
+        `options` are the other fields (`wal_partitions`, `broadcast`, ...).
+        """
+        if wal is None:
+            wal = EngineConfig.from_env(nats_url=nats_url) if nats_url else EngineConfig.from_env()
+        elif nats_url:
+            wal = wal.replace(nats_url=nats_url)
+        if jdbc_url:
+            jdbc = JdbcSource(
+                url=jdbc_url, schema=schema, partitions=partitions, fetchsize=fetchsize
+            )
+        else:
+            jdbc = JdbcSource.from_database_url(
+                database_url, schema=schema, partitions=partitions, fetchsize=fetchsize
+            )
+        return cls(jdbc=jdbc, wal=wal, database_url=database_url, **options)
+
+    def need_wal(self) -> EngineConfig:
+        """The WAL settings, or a clear error when they were not given."""
+        if self.wal is None:
+            raise ConfigError("this read needs the WAL: give StoreSource(wal=EngineConfig(...))")
+        return self.wal
+
+    def need_database_url(self, what: str) -> str:
+        """The database URL, or a clear error naming what needs it."""
+        if not self.database_url:
+            raise ConfigError(f"{what} needs StoreSource(database_url=...)")
+        return self.database_url
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The three tables as one consistency mode shows them (columns: see `jdbc`).
+
+    Each DataFrame is built on first access; its JDBC reads run at each action.
+    """
+
+    spark: SparkSession
+    jdbc: JdbcSource
+    mode: ReadConsistency
+    tail: WalTail | None = None
+    """The WAL tail merged in (``READ_YOUR_WRITES`` only)."""
+
+    @cached_property
+    def threads(self) -> DataFrame:
+        """Live threads (`THREAD_COLUMNS`)."""
+        if self.tail is not None:
+            return self.tail.threads(self.jdbc)
+        return read_threads(self.spark, self.jdbc)
+
+    @cached_property
+    def messages(self) -> DataFrame:
+        """Messages of live threads (`MESSAGE_COLUMNS`)."""
+        if self.tail is not None:
+            return self.tail.messages(self.jdbc)
+        return read_messages(self.spark, self.jdbc)
+
+    @cached_property
+    def runs(self) -> DataFrame:
+        """Runs of live threads (`RUN_COLUMNS`)."""
+        if self.tail is not None:
+            return self.tail.runs(self.jdbc)
+        return read_runs(self.spark, self.jdbc)
+
+
+@dataclass(frozen=True)
+class WalTail:
+    """The unflushed WAL tail, read before any JDBC read and condensed into overlays.
+
+    `threads`, `messages` and `runs` merge it with JDBC reads that run lazily, when an
+    action needs them; they hold every checkpoint acknowledged before `read_wal_tail`.
+    """
+
+    spark: SparkSession
+    bounds: tuple[int, int]
+    """The stream seqs read, ``[first, last]`` (empty when last < first)."""
+    entry_count: int
+    condensed: Condensed
+    overlay: DataFrame
+    """One row per pending thread (`OVERLAY_SCHEMA`)."""
+    run_versions: DataFrame
+    """Newest version of each run id of the tail (`RUN_VERSION_SCHEMA`)."""
+    broadcast: bool = True
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Threads with entries in the tail."""
+        return tuple(row["thread_id"] for row in self.condensed.threads)
+
+    def threads(self, jdbc: JdbcSource) -> DataFrame:
+        """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""
+        if not self.pending:
+            return read_threads(self.spark, jdbc)
+        scan = read_sql(self.spark, jdbc, overlay_threads_sql(jdbc, self.pending))
+        rows = scan.join(self._small(self.overlay), "thread_id", "left")
+        newer = _true(F.col("ov_seq") > F.col("thread_seq"))
+        visible = F.when(newer, ~F.col("ov_deleted")).otherwise(F.col("live"))
+        picked = [
+            F.when(newer, F.col(f"ov_{name}")).otherwise(F.col(name)).alias(name)
+            for name in [*_SUMMARY, "message_count"]
+        ]
+        thread_seq = F.when(newer, F.col("ov_seq")).otherwise(F.col("thread_seq"))
+        return rows.where(visible).select("thread_id", *picked, thread_seq.alias("thread_seq"))
+
+    def messages(self, jdbc: JdbcSource) -> DataFrame:
+        """Message rows of live threads at their newest seq, entries folded in."""
+        if not self.pending:
+            return read_messages(self.spark, jdbc)
+        sql = overlay_messages_sql(jdbc, self.condensed.counts())
+        overlay = self.overlay.select(
+            "thread_id",
+            "ov_seq",
+            "ov_first_seq",
+            "ov_deleted",
+            "ov_count",
+            "ov_base",
+            "ov_messages",
+        )
+        rows = read_sql(self.spark, jdbc, sql).join(self._small(overlay), "thread_id", "left")
+        w, newer = F.col("watermark"), _newer()
+        # The newest entry that wrote this position, if any (ov_messages starts at ov_base).
+        index = F.col("position") - F.col("ov_base") + 1
+        entry = F.when(newer & (index >= 1), F.try_element_at(F.col("ov_messages"), index))
+        use = _true(entry["thread_seq"] > w)
+        # Placeholders stand for positions the entries add: shown only when filled.
+        visible = (use | ~F.col("placeholder")) & (
+            ~newer | (~F.col("ov_deleted") & (F.col("position") < F.col("ov_count")))
+        )
+        picked = [
+            F.when(use, entry[name]).otherwise(F.col(name)).alias(name)
+            for name in ("role", "message", "thread_seq")
+        ]
+        return rows.where(_check_gap(visible)).select("thread_id", "position", *picked)
+
+    def runs(self, jdbc: JdbcSource) -> DataFrame:
+        """Runs at their newest version; runs of deleted threads are gone."""
+        if not self.pending:
+            return read_runs(self.spark, jdbc)
+        sql = overlay_runs_sql(jdbc, self.condensed.runs_by_thread())
+        overlay = self.overlay.select("thread_id", "ov_seq", "ov_first_seq", "ov_del_seq")
+        rows = (
+            read_sql(self.spark, jdbc, sql)
+            .join(self._small(overlay), "thread_id", "left")
+            .join(self._small(self.run_versions), "run_id", "left")
+        )
+        w, newer = F.col("watermark"), _newer()
+        # A run id whose newest version is in another pending thread's entries moved there.
+        moved = _true(F.col("ov_owner") != F.col("thread_id"))
+        mine = newer & _true(F.col("ov_owner") == F.col("thread_id"))
+        superseded = mine & (F.col("ov_run_seq") > w)
+        deleted = newer & (F.col("ov_del_seq") > w)
+        use = superseded & (F.col("ov_run_seq") > F.col("ov_del_seq"))
+        visible = ~moved & (use | (~F.col("placeholder") & ~deleted & ~superseded))
+        picked = [
+            F.when(use, F.col(f"ov_run.{name}")).otherwise(F.col(name)).alias(name)
+            for name in RUNS
+            if name not in ("run_id", "thread_id", "thread_seq")
+        ]
+        thread_seq = F.when(use, F.col("ov_run_seq")).otherwise(F.col("thread_seq"))
+        return rows.where(_check_gap(visible)).select(
+            "run_id", "thread_id", *picked, thread_seq.alias("thread_seq")
+        )
+
+    def _small(self, frame: DataFrame) -> DataFrame:
+        return F.broadcast(frame) if self.broadcast else frame
+
+
+def _true(condition: Column) -> Column:
+    """A condition where null (no overlay for the row) counts as false."""
+    return F.coalesce(condition, F.lit(False))
+
+
+def _newer() -> Column:
+    """The row's thread has entries above the watermark the row was read with."""
+    return _true(F.col("ov_seq") > F.col("watermark"))
+
+
+def _check_gap(visible: Column) -> Column:
+    """`visible`, failing the job when the entries above the row's watermark do not start
+    right after it (an entry neither flushed nor in the tail, e.g. quarantined)."""
+    gap = _newer() & (F.col("ov_first_seq") > F.col("watermark") + 1)
+    message = F.concat(
+        F.lit("thread "),
+        F.col("thread_id"),
+        F.lit(": entries after seq "),
+        F.col("watermark").cast("string"),
+        F.lit(" are neither flushed nor in the WAL tail"),
+    )
+    return F.when(gap, F.raise_error(message)).otherwise(visible)
+
+
+def read_wal_tail(
+    spark: SparkSession,
+    wal: EngineConfig,
+    *,
+    partitions: int | None = None,
+    broadcast: bool = True,
+    driver_max_entries: int = MIN_PARTITION_ENTRIES,
+) -> WalTail:
+    """Read the unflushed WAL tail now and condense it into the overlay.
+
+    The entries are read on the executors (``threadlog`` source, one NATS connection per
+    slice of the tail) and condensed on the driver, which broadcasts the result: it
+    holds O(pending entries), like the broadcast itself. A tail of at most
+    `driver_max_entries` (one slice's worth, the usual case with a flusher running) is
+    read by the driver itself, which saves a Spark job and a Python worker.
+    """
+    bounds = tail_bounds(wal)
+    first, last = bounds
+    entries: list[dict[str, Any]] = []
+    if 0 <= last - first < driver_max_entries:
+        entries = read_rows(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
+    elif last >= first:
+        register_datasource(spark)
+        if partitions is None:
+            partitions = max(1, spark.sparkContext.defaultParallelism)
+        frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
+        # Arrow keeps timestamps time-zone aware (collect() would make them naive).
+        entries = frame.load().toArrow().to_pylist()
+    condensed = condense_tail(entries)
+    return WalTail(
+        spark,
+        bounds,
+        len(entries),
+        condensed,
+        spark.createDataFrame(condensed.threads, OVERLAY_SCHEMA),
+        spark.createDataFrame(condensed.runs, RUN_VERSION_SCHEMA),
+        broadcast,
+    )
+
+
+def flush_all(source: StoreSource) -> int:
+    """``force_flush_all`` through the store (the ``STRONG`` mode); returns threads flushed."""
+    url = source.need_database_url("STRONG")
+    wal = source.need_wal()
+    if isinstance(wal, BufferedStoreConfig):
+        config = wal.replace(drain_on_close=False)
+    else:
+        shared = {f.name: getattr(wal, f.name) for f in dataclasses.fields(EngineConfig)}
+        config = BufferedStoreConfig(**shared, drain_on_close=False)
+
+    async def flush() -> int:
+        from buffered_store.buffered import BufferedThreadRunStore
+        from buffered_store.postgres import PostgresThreadRunStore
+
+        inner = await PostgresThreadRunStore.connect(url, schema=source.jdbc.schema)
+        try:
+            async with BufferedThreadRunStore.connect(inner, config) as store:
+                return await store.force_flush_all(timeout=source.flush_timeout_s)
+        finally:
+            await inner.close()
+
+    return run_sync(flush)
+
+
+def _tail(spark: SparkSession, source: StoreSource, mode: ReadConsistency) -> WalTail | None:
+    if mode is not ReadConsistency.READ_YOUR_WRITES:
+        return None
+    return read_wal_tail(
+        spark,
+        source.need_wal(),
+        partitions=source.wal_partitions,
+        broadcast=source.broadcast,
+        driver_max_entries=source.driver_tail_max_entries,
+    )
+
+
+def read_tables(
+    spark: SparkSession,
+    source: StoreSource,
+    mode: ReadConsistency | str = ReadConsistency.READ_YOUR_WRITES,
+) -> Tables:
+    """The three tables in a consistency mode.
+
+    ``STRONG`` flushes now and ``READ_YOUR_WRITES`` reads the WAL tail now; the JDBC
+    reads run at each action, every partition in its own transaction. Use
+    `consistent_tables` when the tables must agree with each other (an export).
+    """
+    mode = ReadConsistency(mode)
+    if mode is ReadConsistency.STRONG:
+        flush_all(source)
+    return Tables(spark, source.jdbc, mode, _tail(spark, source, mode))
+
+
+@contextlib.contextmanager
+def consistent_tables(
+    spark: SparkSession,
+    source: StoreSource,
+    mode: ReadConsistency | str = ReadConsistency.READ_YOUR_WRITES,
+) -> Iterator[Tables]:
+    """Like `read_tables`, but every JDBC partition of every action inside the ``with``
+    block reads one Postgres snapshot, exported after the WAL tail was read.
+
+    Threads, messages and runs then agree exactly (a thread's `message_count` is the
+    number of its message rows). Run the actions inside the block: the snapshot ends
+    with it.
+    """
+    mode = ReadConsistency(mode)
+    url = source.need_database_url("a consistent read")
+    if mode is ReadConsistency.STRONG:
+        flush_all(source)
+    tail = _tail(spark, source, mode)
+    with shared_snapshot(url) as snapshot:
+        yield Tables(spark, source.jdbc.with_snapshot(snapshot), mode, tail)

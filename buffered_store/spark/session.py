@@ -1,0 +1,226 @@
+"""A `SparkSession` that can read the flushed tables: Java, the JDBC driver, worker Python.
+
+`spark_session()` checks what PySpark would otherwise report as an unreadable JVM crash
+(no Java, an old Java), finds the PostgreSQL JDBC driver, makes the Python workers use
+this interpreter, and registers the ``threadlog`` data source. Inside ``spark-submit``
+(or a ``pyspark`` shell) the submitter owns the master and the jars; the helper only adds
+what is missing and registers the data source.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from buffered_store.errors import ConfigError
+
+JDBC_JAR_ENV = "BUFSTORE_JDBC_JAR"
+POSTGRES_JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+"""Maven coordinate used through ``spark.jars.packages`` when no local jar is found."""
+MIN_JAVA = 17
+
+WELL_KNOWN_JARS = (
+    "/usr/share/java/postgresql.jar",  # Debian/Ubuntu libpostgresql-jdbc-java
+    "/usr/share/java/postgresql-jdbc4.jar",
+    "/usr/share/java/postgresql-jdbc.jar",  # Fedora/RHEL postgresql-jdbc
+    "/usr/local/share/java/postgresql.jar",
+    "/usr/local/share/java/classes/postgresql.jar",  # FreeBSD
+    "/opt/homebrew/share/java/postgresql*.jar",
+    "~/.ivy2/jars/org.postgresql_postgresql-*.jar",  # an earlier spark.jars.packages
+    "~/.ivy2.5.2/jars/org.postgresql_postgresql-*.jar",
+    "~/.m2/repository/org/postgresql/postgresql/*/postgresql-*.jar",
+)
+"""Local places of the PostgreSQL JDBC driver, searched in order (globs allowed)."""
+
+
+class SparkSetupError(ConfigError):
+    """Spark cannot start or cannot read the tables here (Java or the JDBC driver)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JdbcDriver:
+    """Where the PostgreSQL JDBC driver comes from: a local jar or a Maven package."""
+
+    jar: str | None
+    package: str | None
+    origin: str
+    """How it was found, for messages: the variable, the path, or "maven"."""
+
+    def conf(self) -> dict[str, str]:
+        """The Spark settings that put the driver on the classpath."""
+        if self.jar is not None:
+            return {"spark.jars": self.jar}
+        assert self.package is not None
+        return {"spark.jars.packages": self.package}
+
+
+def find_jdbc_driver(env: Mapping[str, str] | None = None) -> JdbcDriver:
+    """``$BUFSTORE_JDBC_JAR``, else a well-known local jar, else the Maven coordinate.
+
+    A jar named by the variable must exist: a typo should not silently fall back to a
+    download. The Maven coordinate only works on machines that reach Maven Central.
+    """
+    env = os.environ if env is None else env
+    explicit = env.get(JDBC_JAR_ENV, "").strip()
+    if explicit:
+        if not Path(explicit).expanduser().is_file():
+            raise SparkSetupError(f"{JDBC_JAR_ENV}={explicit} is not a file")
+        return JdbcDriver(str(Path(explicit).expanduser()), None, JDBC_JAR_ENV)
+    for pattern in WELL_KNOWN_JARS:
+        expanded = os.path.expanduser(pattern)
+        matches = sorted(glob.glob(expanded)) if any(c in expanded for c in "*?[") else []
+        if not matches and Path(expanded).is_file():
+            matches = [expanded]
+        if matches:
+            return JdbcDriver(matches[-1], None, matches[-1])
+    return JdbcDriver(None, POSTGRES_JDBC_PACKAGE, "maven")
+
+
+def java_version(output: str) -> int | None:
+    """Major version from ``java -version`` output (``1.8.0_x`` is 8), or None."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java(env: Mapping[str, str] | None = None) -> str:
+    """The `java` Spark will launch (``$JAVA_HOME/bin/java``, else `java` on PATH).
+
+    Raises `SparkSetupError` naming the fix when it is missing or older than Java 17.
+    """
+    env = os.environ if env is None else env
+    home = env.get("JAVA_HOME", "").strip()
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java", path=env.get("PATH"))
+    hint = (
+        "Spark needs Java 17 or newer: install it (Debian/Ubuntu: apt-get install "
+        "openjdk-17-jre-headless; `make java` does it) or set JAVA_HOME"
+    )
+    if not java or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={home}" if home else "PATH"
+        raise SparkSetupError(f"no Java found (looked in {where}). {hint}")
+    try:
+        probe = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SparkSetupError(f"{java} -version failed ({exc}). {hint}") from exc
+    version = java_version(probe.stderr + probe.stdout)
+    if version is None or version < MIN_JAVA:
+        raise SparkSetupError(f"{java} is Java {version or 'of unknown version'}. {hint}")
+    return java
+
+
+def configure_worker_python(env: dict[str, str] | None = None) -> str:
+    """Make Spark's Python workers run this interpreter unless told otherwise.
+
+    Without it the workers start whatever ``python3`` is on PATH, which lacks this
+    project's packages. An existing ``PYSPARK_PYTHON`` (a cluster's) is kept.
+    """
+    target = os.environ if env is None else env
+    target.setdefault("PYSPARK_PYTHON", sys.executable)
+    target.setdefault("PYSPARK_DRIVER_PYTHON", target["PYSPARK_PYTHON"])
+    return target["PYSPARK_PYTHON"]
+
+
+def under_spark_submit(env: Mapping[str, str] | None = None) -> bool:
+    """True inside ``spark-submit`` or a ``pyspark`` shell (a JVM gateway already exists)."""
+    env = os.environ if env is None else env
+    return bool(env.get("PYSPARK_GATEWAY_PORT"))
+
+
+def session_conf(
+    *,
+    master: str | None,
+    driver: JdbcDriver | None,
+    submitted: bool,
+    conf: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The settings `spark_session` applies (pure, so it is tested without a JVM)."""
+    out: dict[str, str] = {}
+    if master is not None:
+        out["spark.master"] = master
+    elif not submitted:
+        out["spark.master"] = "local[*]"
+    if out.get("spark.master", "").startswith("local"):
+        # A laptop's hostname often resolves to an address nothing listens on.
+        out["spark.driver.bindAddress"] = "127.0.0.1"
+        out["spark.driver.host"] = "127.0.0.1"
+    if driver is not None:
+        out.update(driver.conf())
+    # Days and timestamps of the jobs are UTC, whatever the machine's zone.
+    out["spark.sql.session.timeZone"] = "UTC"
+    out.update(conf or {})
+    return out
+
+
+def spark_session(
+    app_name: str = "bufstore",
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    driver: JdbcDriver | None = None,
+) -> Any:
+    """Get or create a `SparkSession` able to read the store's tables.
+
+    Args:
+        app_name: the application name shown by the cluster manager.
+        master: e.g. ``local[4]`` or ``spark://host:7077``; by default ``local[*]``,
+            or what ``spark-submit`` was given.
+        conf: more Spark settings; they win over the helper's.
+        driver: the JDBC driver to use; by default `find_jdbc_driver()`. Under
+            ``spark-submit`` a driver passed with ``--jars``/``--packages`` is kept.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        register_datasource(active)
+        return active
+    submitted = under_spark_submit()
+    if not submitted:
+        find_java()
+        configure_worker_python()
+    if driver is None and not (submitted and _submitted_driver()):
+        driver = find_jdbc_driver()
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in session_conf(
+        master=master, driver=driver, submitted=submitted, conf=conf
+    ).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register_datasource(spark)
+    return spark
+
+
+def _submitted_driver() -> bool:
+    """Whether ``spark-submit`` already put a PostgreSQL driver on the classpath."""
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+
+    SparkContext._ensure_initialized()
+    conf = SparkConf()
+    given = conf.get("spark.jars", "") + "," + conf.get("spark.jars.packages", "")
+    return "postgresql" in given.lower()
+
+
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_datasource(spark: Any) -> None:
+    """Register the ``threadlog`` data source with a session (once per session)."""
+    from buffered_store.spark.datasource import ThreadLogDataSource
+
+    if spark not in _REGISTERED:
+        spark.dataSource.register(ThreadLogDataSource)
+        _REGISTERED.add(spark)

@@ -1,0 +1,216 @@
+"""The three consistency modes of the Spark reads, against real NATS and Postgres."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pyspark.sql import SparkSession
+
+from buffered_store.records import ReadConsistency, RunRecord, RunStatus
+from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
+from buffered_store.spark.overlay import read_tables, read_wal_tail
+from buffered_store.testing import make_messages, make_run
+from tests.spark.conftest import StoreEnv, spark_view, store_view
+
+# The first Spark test of a run also starts the session and the Python workers.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+
+async def test_read_your_writes_shows_unflushed_checkpoints_and_eventual_does_not(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    planner = make_run("flushed", "run-1", agent_id="planner", metadata={"k": [1, 2]})
+    await store.checkpoint("flushed", make_messages(3), planner, metadata={"team": "a"})
+    await store.force_flush("flushed")
+    # Pending on top of a flushed thread: an append and a new version of its run...
+    await store.checkpoint(
+        "flushed",
+        make_messages(5),
+        planner.replace(status=RunStatus.DONE, steps=2, output={"answer": 42}),
+    )
+    # ...and a thread that never reached Postgres, with two runs.
+    await store.checkpoint("fresh", make_messages(1), make_run("fresh", "run-2", steps=1))
+    await store.checkpoint("fresh", make_messages(2), make_run("fresh", "run-3", error="boom"))
+
+    ryw = read_tables(spark, env.source, ReadConsistency.READ_YOUR_WRITES)
+    assert ryw.tail is not None
+    assert set(ryw.tail.pending) == {"flushed", "fresh"}
+    assert spark_view(ryw) == await store_view(store)
+    seqs = {r.thread_id: r.thread_seq for r in ryw.threads.collect()}
+    assert seqs == {"flushed": 2, "fresh": 2}
+
+    eventual = spark_view(read_tables(spark, env.source, ReadConsistency.EVENTUAL))
+    assert set(eventual.threads) == {"flushed"}
+    assert len(eventual.messages["flushed"]) == 3
+    assert eventual.runs["run-1"][2] == "running"
+    assert "run-2" not in eventual.runs
+
+    strong = read_tables(spark, env.source, "strong")
+    assert spark_view(strong) == await store_view(store)
+    assert (await store.flush_status("fresh")).pending == 0
+
+
+async def test_a_flush_between_the_wal_read_and_the_jdbc_read_never_goes_backwards(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    run = make_run("t", "run-1", agent_id="coder")
+    await store.checkpoint("t", make_messages(2), run)
+    await store.checkpoint("t", make_messages(3), run.replace(steps=1))
+
+    tail = read_wal_tail(spark, env.config, driver_max_entries=0)  # the overlay first...
+    assert tail.pending == ("t",)
+
+    # ...then a newer checkpoint is acknowledged and flushed before the JDBC read.
+    newer = [{"role": "system", "content": "rewritten"}, *make_messages(1, start=7)]
+    await store.checkpoint("t", newer, run.replace(steps=9, status=RunStatus.WAITING))
+    await store.force_flush("t")
+
+    [thread] = tail.threads(env.source.jdbc).collect()
+    assert (thread.thread_seq, thread.message_count) == (3, 2)
+    messages = sorted(tail.messages(env.source.jdbc).collect(), key=lambda r: r.position)
+    assert [(m.position, m.role, m.thread_seq) for m in messages] == [
+        (0, "system", 3),
+        (1, "assistant", 3),
+    ]
+    [run_row] = tail.runs(env.source.jdbc).collect()
+    assert (run_row.steps, run_row.status, run_row.thread_seq) == (9, "waiting", 3)
+
+
+async def test_deleted_threads_never_appear(env: StoreEnv, spark: SparkSession) -> None:
+    store = env.store
+    # Flushed, then deleted in the WAL only.
+    await store.checkpoint("gone-later", make_messages(2), make_run("gone-later", "r-gl"))
+    await store.force_flush("gone-later")
+    # Entries published, then deleted, none of it flushed.
+    await store.checkpoint("never-flushed", make_messages(2), make_run("never-flushed", "r-nf"))
+    await store.checkpoint("never-flushed", make_messages(3), make_run("never-flushed", "r-nf2"))
+    # Deleted and flushed while older entries are still in the tail.
+    await store.checkpoint("tombstone", make_messages(1), make_run("tombstone", "r-ts"))
+    # Deleted, then recreated with a new run: only the new life shows.
+    await store.checkpoint("reborn", make_messages(4), make_run("reborn", "r-old"))
+    await store.force_flush("reborn")
+    # A survivor next to them.
+    await store.checkpoint("kept", make_messages(1), make_run("kept", "r-kept"))
+    for thread_id in ("gone-later", "never-flushed", "tombstone", "reborn"):
+        await store.delete_thread(thread_id)
+    await store.force_flush("tombstone")
+    await store.checkpoint("reborn", make_messages(1, start=9), make_run("reborn", "r-new"))
+
+    tables = read_tables(spark, env.source)
+    view = spark_view(tables)
+    assert set(view.threads) == {"kept", "reborn"}
+    assert set(view.messages) == {"kept", "reborn"}
+    assert view.messages["reborn"] == make_messages(1, start=9)
+    assert set(view.runs) == {"r-kept", "r-new"}
+    assert view == await store_view(store)
+
+    # The same after everything is flushed (tombstones in Postgres).
+    await store.force_flush_all()
+    assert spark_view(read_tables(spark, env.source)) == view
+
+
+async def test_message_rewrites_and_truncations_fold_like_the_store(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    run = make_run("t", "r")
+    await store.checkpoint("t", make_messages(6), run)
+    await store.force_flush("t")
+    history = [
+        make_messages(8),  # append
+        make_messages(4),  # truncate below the flushed count
+        [*make_messages(2), {"role": "tool", "content": {"nested": [1, "x"]}}],  # rewrite
+        [*make_messages(2), {"role": "tool", "content": {"nested": [1, "x"]}}, *make_messages(2)],
+    ]
+    for messages in history:
+        await store.checkpoint("t", messages, run)
+    # A second thread entirely in the WAL, and a flushed one untouched by the tail.
+    await store.checkpoint("u", make_messages(3), make_run("u"))
+    await store.checkpoint("v", make_messages(2), make_run("v"))
+    await store.force_flush("v")
+
+    view = spark_view(read_tables(spark, env.source))
+    assert view.messages["t"] == history[-1]
+    assert view == await store_view(store)
+
+
+async def test_plain_readers_type_the_columns(env: StoreEnv, spark: SparkSession) -> None:
+    run = make_run("t", "r", output="plain text", metadata={"a": {"b": None}}, input_tokens=7)
+    await env.store.checkpoint("t", make_messages(1), run, metadata={"x": 1})
+    await env.store.force_flush("t")
+    jdbc = env.source.jdbc
+    assert dict(read_threads(spark, jdbc).dtypes)["created_at"] == "timestamp"
+    assert dict(read_messages(spark, jdbc).dtypes)["position"] == "int"
+    [row] = read_runs(spark, jdbc).collect()
+    assert (row.output, row.metadata, row.input_tokens) == ('"plain text"', '{"a": {"b": null}}', 7)
+
+
+async def test_random_histories_match_the_store_and_then_the_flushed_tables(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    """Appends, rewrites, truncations, deletes and flushes in random order, on thread ids
+    that would break naive SQL or subject handling."""
+    store, rng = env.store, random.Random(20261122)
+    thread_ids = ["plain", "it's", "dots.and*stars>", "ünï cødé 🚀", "x'); DROP TABLE threads;--"]
+    snapshots: dict[str, list[dict[str, object]]] = {}
+    runs: dict[str, RunRecord] = {}
+    for step in range(60):
+        thread_id = rng.choice(thread_ids)
+        roll = rng.random()
+        if roll < 0.08 and thread_id in snapshots:
+            await store.delete_thread(thread_id)
+            snapshots.pop(thread_id)
+            runs.pop(thread_id, None)
+            continue
+        if roll < 0.25:
+            await store.force_flush(thread_id)
+            continue
+        current = snapshots.get(thread_id, [])
+        keep = len(current) if rng.random() < 0.6 else rng.randint(0, len(current))
+        fresh: list[dict[str, object]] = [
+            {"role": rng.choice(["user", "assistant", "tool"]), "content": f"{step}.{i}"}
+            for i in range(rng.randint(0 if keep else 1, 3))
+        ]
+        snapshots[thread_id] = [*current[:keep], *fresh]
+        run = runs.get(thread_id)
+        if run is None or rng.random() < 0.3:
+            run = make_run(thread_id, f"run-{step}", agent_id=rng.choice(["a", "b"]))
+        runs[thread_id] = run.replace(steps=run.steps + 1, input_tokens=run.input_tokens + step)
+        await store.checkpoint(thread_id, snapshots[thread_id], runs[thread_id])
+
+    ryw = spark_view(read_tables(spark, env.source))
+    assert ryw.messages == {t: m for t, m in snapshots.items() if m}
+    assert ryw == await store_view(store)
+
+    await store.force_flush_all()
+    assert spark_view(read_tables(spark, env.source, ReadConsistency.EVENTUAL)) == ryw
+
+
+async def test_a_run_moved_to_another_thread_shows_where_the_flush_puts_it(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    await store.checkpoint("a", make_messages(1), make_run("a", "shared", steps=5))
+    await store.force_flush("a")
+    await store.checkpoint("b", make_messages(2), make_run("b", "shared", steps=1))
+
+    before = spark_view(read_tables(spark, env.source))
+    assert before.runs["shared"][:2] == ("b", "agent")
+    await store.force_flush_all()
+    assert spark_view(read_tables(spark, env.source, ReadConsistency.EVENTUAL)) == before
+
+
+async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    for i in range(5):
+        await store.checkpoint(f"t{i}", make_messages(i + 1), make_run(f"t{i}", f"r{i}"))
+    await store.delete_thread("t0")
+    by_executors = read_wal_tail(spark, env.config, driver_max_entries=0)
+    by_driver = read_wal_tail(spark, env.config)
+    assert by_driver.condensed == by_executors.condensed
+    assert by_driver.entry_count == by_executors.entry_count == 6
