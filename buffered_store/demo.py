@@ -38,9 +38,9 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.devservices import Services, start_services, to_libpq_url
 from buffered_store.postgres import PostgresThreadRunStore
 from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import RunRecord, RunStatus
+from buffered_store.records import RunRecord, RunStatus, utcnow
 
-console = Console(stderr=False, highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
 
 
 @dataclass
@@ -103,6 +103,8 @@ async def drive(
                     input_tokens=run.input_tokens + 120,
                     output_tokens=run.output_tokens + 40,
                     status=RunStatus.DONE if done else RunStatus.RUNNING,
+                    updated_at=utcnow(),
+                    finished_at=utcnow() if done else None,
                 )
                 started = time.perf_counter()
                 await store.checkpoint(thread_id, messages, run)
@@ -232,6 +234,13 @@ async def run_buffered(
             )
             console.print(f"  flusher (pid {flusher.pid}) drained every thread")
             transactions = counters.next_xid() - first_xid
+            stop_process(flusher)
+            flusher = None
+
+            console.rule("Spark run statistics over unflushed checkpoints")
+            await drive(store, 4, 3, "late", "late")
+            console.print(f"  {4 * 3} more checkpoints on 4 new runs, no flusher running")
+            await asyncio.to_thread(spark_run_stats, services, config, schema)
     finally:
         if flusher is not None:
             stop_process(flusher)
@@ -244,6 +253,28 @@ async def run_buffered(
         transactions,
         counters.row_writes(schema),
     )
+
+
+def spark_run_stats(services: Services, config: BufferedStoreConfig, schema: str) -> None:
+    """The run-statistics job in READ_YOUR_WRITES and EVENTUAL mode, side by side."""
+    from buffered_store.spark import StoreSource, format_run_stats, run_stats, spark_session
+
+    spark = spark_session("bufstore-demo", conf={"spark.ui.showConsoleProgress": "false"})
+    try:
+        source = StoreSource.from_urls(services.database_url, schema=schema, wal=config)
+        totals: dict[str, int] = {}
+        for mode in ("read_your_writes", "eventual"):
+            rows = run_stats(spark, source, mode).collect()
+            totals[mode] = sum(int(row["runs"]) for row in rows)
+            console.print(f"  run statistics, {mode}:")
+            print(format_run_stats(rows), flush=True)
+        console.print(
+            f"  READ_YOUR_WRITES counts {totals['read_your_writes']} runs, EVENTUAL "
+            f"{totals['eventual']}: the {totals['read_your_writes'] - totals['eventual']} "
+            "unflushed runs are counted"
+        )
+    finally:
+        spark.stop()
 
 
 def start_flusher(
