@@ -25,7 +25,14 @@ class _PluginGroup(click.Group):
             return
         self._loaded = True
         for entry in entry_points(group="bufstore.commands"):
-            entry.load()(self)
+            try:
+                register = entry.load()
+            except ImportError as exc:
+                # A plugin whose package or extra is missing must not take the other
+                # commands down with it.
+                click.echo(f"bufstore: command group {entry.name!r} unavailable: {exc}", err=True)
+                continue
+            register(self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._load_plugins()

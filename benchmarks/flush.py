@@ -1,0 +1,91 @@
+"""Flush figures of a buffered side: the lag of every checkpoint to its Postgres commit,
+read back from commit timestamps, and the WAL backlog over time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from benchmarks.harness import SideDb
+from benchmarks.measure import summarize
+
+LAG_METHOD = (
+    "for every checkpoint: commit time of the Postgres transaction that inserted its first "
+    "new message row (pg_xact_commit_timestamp(xmin), track_commit_timestamp=on) minus the "
+    "wall-clock time the checkpoint call started (stored in the message): lag_ms; minus "
+    "the time the call returned (the entry was acknowledged by the WAL): lag_from_ack_ms, "
+    "which leaves out the time the call waited for CPU in the writing process"
+)
+
+
+def backlog_figures(
+    t_s: Sequence[float], backlog: Sequence[float | None], writes_end_s: float, warm_s: float
+) -> dict[str, Any]:
+    """Max backlog while writing and its trend over the second half of the writes."""
+    pairs = [(t, b) for t, b in zip(t_s, backlog, strict=False) if b is not None]
+    writing = [(t, b) for t, b in pairs if warm_s <= t <= writes_end_s]
+    half = [(t, b) for t, b in writing if t >= (warm_s + writes_end_s) / 2]
+    slope = _slope(half)
+    return {
+        "max": max((b for _, b in writing), default=None),
+        "mean": sum(b for _, b in writing) / len(writing) if writing else None,
+        "at_end_of_writes": writing[-1][1] if writing else None,
+        "slope_per_s_second_half": slope,
+        "method": "consumer info (num_pending + num_ack_pending) of the flusher's durable "
+        "consumer, on a separate NATS connection, sampled",
+    }
+
+
+def _slope(points: Sequence[tuple[float, float]]) -> float | None:
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mb = sum(b for _, b in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (b - mb) for t, b in points) / var if var else None
+
+
+async def flush_lag(
+    db: SideDb, since_wall: float, acks: dict[tuple[str, int], float]
+) -> dict[str, Any] | None:
+    """Per-checkpoint lag to the Postgres commit, from the call's start and from its
+    acknowledgement (None when commit timestamps cannot be read)."""
+    query = (
+        "SELECT thread_id, (message->'meta'->>'step')::int, (message->>'t')::float8, "
+        "extract(epoch from pg_xact_commit_timestamp(xmin))::float8 "
+        f"FROM \"{db.schema}\".messages WHERE message ? 't' "
+        "AND (message->>'t')::float8 >= %s"
+    )
+    try:
+        async with await psycopg.AsyncConnection.connect(db.libpq_url) as conn:
+            cur = await conn.execute(query, (since_wall,))
+            rows = await cur.fetchall()
+    except psycopg.Error:
+        return None
+    from_start: list[tuple[float, float]] = []
+    from_ack: list[float] = []
+    for thread_id, step, t, commit in rows:
+        if commit is None:
+            continue
+        from_start.append((float(t), (float(commit) - float(t)) * 1000))
+        acked = acks.get((str(thread_id), int(step)))
+        if acked is not None:
+            from_ack.append((float(commit) - acked) * 1000)
+    buckets: dict[int, list[float]] = {}
+    for t, lag in from_start:
+        buckets.setdefault(int(t - since_wall), []).append(lag)
+    timeline: dict[str, list[float | None]] = {"t_s": [], "p50": [], "p99": [], "max": []}
+    for second in sorted(buckets):
+        summary = summarize(buckets[second])
+        timeline["t_s"].append(float(second))
+        for key in ("p50", "p99", "max"):
+            value = summary[key]
+            timeline[key].append(None if value is None else float(value))
+    return {
+        "lag_ms": summarize([lag for _, lag in from_start]),
+        "lag_from_ack_ms": summarize(from_ack),
+        "timeline": timeline,
+    }

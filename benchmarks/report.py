@@ -1,0 +1,293 @@
+"""Writing a run's results: `results.json`, `report.md` and PNG plots (matplotlib, Agg).
+
+The JSON holds every raw figure with its method; the Markdown puts the sides next to
+each other and the DESIGN section 6 targets this scenario judges next to the measured
+ratios; the plots show the latency CDF of every side, and throughput and backlog over
+time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+Row = tuple[str, Callable[[dict[str, Any]], Any], str]
+
+
+def _get(*path: str) -> Callable[[dict[str, Any]], Any]:
+    def read(side: dict[str, Any]) -> Any:
+        value: Any = side
+        for key in path:
+            if not isinstance(value, dict) or value.get(key) is None:
+                return None
+            value = value[key]
+        return value
+
+    return read
+
+
+SIDE_ROWS: list[Row] = [
+    ("checkpoints (ok)", _get("checkpoints"), "int"),
+    ("failed checkpoints", _get("failed"), "int"),
+    ("offered checkpoints/s", _get("offered_per_s"), "rate"),
+    ("achieved checkpoints/s", _get("throughput_per_s"), "rate"),
+    ("latency p50 ms", _get("latency_ms", "p50"), "ms"),
+    ("latency p95 ms", _get("latency_ms", "p95"), "ms"),
+    ("latency p99 ms", _get("latency_ms", "p99"), "ms"),
+    ("latency max ms", _get("latency_ms", "max"), "ms"),
+    ("PG transactions / checkpoint", _get("pg", "transactions_per_checkpoint"), "ratio"),
+    ("PG tuple writes / checkpoint", _get("pg", "tuple_writes_per_checkpoint"), "ratio"),
+    ("PG WAL bytes / checkpoint", _get("pg", "pg_wal_bytes_per_checkpoint"), "bytes"),
+    (
+        "NATS round trips / checkpoint (steady)",
+        _get("nats", "requests_per_checkpoint_steady"),
+        "ratio",
+    ),
+    ("NATS round trips / checkpoint (all)", _get("nats", "requests_per_checkpoint"), "ratio"),
+    (
+        "NATS WAL bytes / checkpoint (steady)",
+        _get("nats", "wal_bytes_per_checkpoint_steady"),
+        "bytes",
+    ),
+    ("flush lag from call start p50 ms", _get("flush", "lag_ms", "p50"), "ms"),
+    ("flush lag from call start p99 ms", _get("flush", "lag_ms", "p99"), "ms"),
+    ("flush lag from call start max ms", _get("flush", "lag_ms", "max"), "ms"),
+    ("flush lag from ack p50 ms", _get("flush", "lag_from_ack_ms", "p50"), "ms"),
+    ("flush lag from ack p99 ms", _get("flush", "lag_from_ack_ms", "p99"), "ms"),
+    ("backlog max (entries)", _get("flush", "backlog", "max"), "int"),
+    (
+        "backlog trend, 2nd half (entries/s)",
+        _get("flush", "backlog", "slope_per_s_second_half"),
+        "ratio",
+    ),
+    ("drain after writes s", _get("flush", "drain_s"), "s"),
+    ("CPU s total", _get("cpu", "seconds", "total"), "s"),
+    (
+        "CPU s / 1k checkpoints (all processes)",
+        _get("cpu", "seconds_per_1k_checkpoints", "total"),
+        "s",
+    ),
+    ("  this process (writers)", _get("cpu", "seconds_per_1k_checkpoints", "harness"), "s"),
+    ("  flusher process", _get("cpu", "seconds_per_1k_checkpoints", "flusher"), "s"),
+    ("  nats-server", _get("cpu", "seconds_per_1k_checkpoints", "nats_server"), "s"),
+    ("  postgres", _get("cpu", "seconds_per_1k_checkpoints", "postgres"), "s"),
+    (
+        "CPU s of other processes on the machine meanwhile",
+        _get("cpu", "seconds", "other_processes"),
+        "s",
+    ),
+]
+
+
+def fmt(value: Any, kind: str = "ratio") -> str:
+    """A figure for a table cell."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, int | float) or math.isnan(value):
+        return str(value)
+    if kind == "int":
+        return f"{value:,.0f}"
+    if kind == "rate":
+        return f"{value:,.0f}"
+    if kind == "ms":
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    if kind == "bytes":
+        return f"{value:,.0f}"
+    if kind == "s":
+        return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
+    return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+
+
+def side_table(sides: dict[str, dict[str, Any]], rows: Sequence[Row] = SIDE_ROWS) -> str:
+    """Markdown table: one column per side; rows no side has are left out."""
+    keys = list(sides)
+    lines = [
+        "| figure | " + " | ".join(sides[k].get("label", k) for k in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for label, read, kind in rows:
+        values = [read(sides[k]) for k in keys]
+        if all(v is None for v in values):
+            continue
+        lines.append(f"| {label} | " + " | ".join(fmt(v, kind) for v in values) + " |")
+    return "\n".join(lines)
+
+
+def targets_table(targets: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of the DESIGN section 6 targets judged by this run."""
+    lines = ["| figure | target | measured | ratio | met |", "|---|---|---|---:|:---:|"]
+    for t in targets:
+        met = {True: "met", False: "**missed**", None: "n/a"}[t.get("met")]
+        lines.append(
+            f"| {t['figure']} | {t['target']} | {t['measured']} | {fmt(t.get('ratio'))} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def unavailable_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
+    """'figure: reason' for figures a side cannot measure."""
+    out = []
+    for side in sides.values():
+        for figure, reason in (side.get("unavailable") or {}).items():
+            out.append(f"- {side.get('label')}: *{figure}* not measurable: {reason}")
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The whole report of one run."""
+    m = result["machine"]
+    parts = [
+        f"# Benchmark `{result['scenario']}`" + (" (quick mode)" if result.get("quick") else ""),
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Started {result['started_at']}, took {result['elapsed_s']:.0f} s.  ",
+        f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores "
+        f"({m.get('usable_cores')} usable), {m['memory_gib']} GiB, Python {m['python']}; "
+        f"Postgres {result.get('pg_settings', {}).get('server_version', '?')} "
+        f"(fsync={result.get('pg_settings', {}).get('fsync', '?')}, synchronous_commit="
+        f"{result.get('pg_settings', {}).get('synchronous_commit', '?')}); "
+        f"nats-server {result.get('nats_server_version') or '?'}.  ",
+        "Load average (1/5/15 min) at start "
+        + "/".join(f"{x:.1f}" for x in result.get("loadavg_1_5_15", {}).get("at_start", ()))
+        + ", at end "
+        + "/".join(f"{x:.1f}" for x in result.get("loadavg_1_5_15", {}).get("at_end", ()))
+        + " (other jobs on the machine disturb the figures; see the CPU rows).",
+        "",
+        f"Parameters: `{json.dumps(result.get('parameters', {}), default=str)}`",
+        "",
+    ]
+    if result.get("description"):
+        parts += [result["description"], ""]
+    if result.get("targets"):
+        parts += [
+            "## DESIGN section 6 targets judged by this run",
+            "",
+            targets_table(result["targets"]),
+            "",
+        ]
+        whys = [f"- {t['figure']}: {t['why']}" for t in result["targets"] if t.get("why")]
+        parts += [*whys, ""] if whys else []
+    if result.get("sides"):
+        parts += ["## Side by side", "", side_table(result["sides"]), ""]
+        missing = unavailable_lines(result["sides"])
+        parts += [*missing, ""] if missing else []
+    for title, body in result.get("sections", {}).items():
+        parts += [f"## {title}", "", body, ""]
+    if result.get("plots"):
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in result["plots"]] + [""]
+    if result.get("methods"):
+        parts += ["## How the figures are measured", ""]
+        parts += [f"- **{k}**: {v}" for k, v in result["methods"].items()] + [""]
+    if result.get("notes"):
+        parts += ["## Notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    return "\n".join(parts)
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def plot_latency_cdf(sides: dict[str, dict[str, Any]], path: Path, title: str) -> bool:
+    """Latency CDF (left) and tail (right, 1 - F on a log scale) of every side."""
+    with_data = {k: s for k, s in sides.items() if s.get("latency_cdf_ms")}
+    if not with_data:
+        return False
+    fig, (ax, tail) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {key: f"C{i}" for i, key in enumerate(sides)}
+    for key, side in with_data.items():
+        xs = [max(p[0], 1e-3) for p in side["latency_cdf_ms"]]
+        ys = [p[1] for p in side["latency_cdf_ms"]]
+        ax.plot(xs, ys, label=side.get("label"), color=colors[key])
+        floor = 1 / max(1, side.get("latency_ms", {}).get("count") or 1)
+        tail.plot(xs, [max(1 - y, floor) for y in ys], label=side.get("label"), color=colors[key])
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint latency (ms, log)")
+    ax.set_ylabel("fraction of checkpoints")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    tail.set_xscale("log")
+    tail.set_yscale("log")
+    tail.set_xlabel("checkpoint latency (ms, log)")
+    tail.set_ylabel("fraction slower (1 - CDF)")
+    tail.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{title}: checkpoint latency")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_timeline(
+    sides: dict[str, dict[str, Any]], path: Path, title: str, events: bool = True
+) -> bool:
+    """Throughput (top), WAL backlog (middle) and flush lag p99 (bottom) over time."""
+    with_data = {k: s for k, s in sides.items() if s.get("timeline", {}).get("t_s")}
+    if not with_data:
+        return False
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    colors = {key: f"C{i}" for i, key in enumerate(sides)}  # one colour per side everywhere
+    annotated: set[str] = set()
+    for key, side in with_data.items():
+        tl = side["timeline"]
+        label, color = side.get("label"), colors[key]
+        top.plot(tl["t_s"], _none_to_nan(tl.get("checkpoints_per_s", [])), label=label, color=color)
+        if any(v is not None for v in tl.get("backlog", [])):
+            mid.plot(tl["t_s"], _none_to_nan(tl["backlog"]), label=label, color=color)
+        lag = (side.get("flush") or {}).get("lag_timeline") or {}
+        if lag.get("t_s"):
+            low.plot(lag["t_s"], _none_to_nan(lag["p99"]), label=f"{label} p99", color=color)
+        for event in side.get("events", []) if events else []:
+            for ax in (top, mid, low):
+                ax.axvline(event["began_s"], color="grey", linestyle=":", linewidth=1)
+            if event["label"] not in annotated:  # each side has its own, at about the same time
+                annotated.add(event["label"])
+                top.annotate(event["label"], (event["began_s"], 0), fontsize=7, rotation=90)
+    top.set_ylabel("checkpoints/s")
+    mid.set_ylabel("WAL backlog (entries)")
+    low.set_ylabel("flush lag p99 (ms)")
+    low.set_xlabel("time since the measured phase started (s)")
+    for ax in (top, mid, low):
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: throughput, backlog and flush lag over time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _none_to_nan(values: Sequence[float | None]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def write_all(
+    result: dict[str, Any],
+    out: Path,
+    extra_plots: Sequence[Callable[[Path], str | None]] = (),
+) -> list[Path]:
+    """Write plots, then `results.json` and `report.md`; return the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots: list[str] = list(result.get("plots", []))
+    sides = result.get("sides", {})
+    if plot_latency_cdf(sides, out / "latency_cdf.png", result["scenario"]):
+        plots.append("latency_cdf.png")
+    if plot_timeline(sides, out / "timeline.png", result["scenario"]):
+        plots.append("timeline.png")
+    for plot in extra_plots:
+        name = plot(out)
+        if name:
+            plots.append(name)
+    result["plots"] = plots
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "report.md").write_text(markdown(result))
+    return [out / "results.json", out / "report.md", *(out / p for p in plots)]

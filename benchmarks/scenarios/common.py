@@ -1,0 +1,84 @@
+"""Judging the targets several scenarios share, from the figures of their sides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.report import fmt
+from benchmarks.targets import ratio, target
+
+
+def side_get(side: dict[str, Any], *path: str) -> Any:
+    """A nested figure, or None."""
+    value: Any = side
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def judge_pg_tx(
+    direct: dict[str, Any], buffered: dict[str, Any], suffix: str = ""
+) -> dict[str, Any]:
+    """Postgres transactions per checkpoint, direct over buffered (>= 10)."""
+    d = side_get(direct, "pg", "transactions_per_checkpoint")
+    b = side_get(buffered, "pg", "transactions_per_checkpoint")
+    r = ratio(d, b)
+    return target(
+        "pg_tx",
+        f"direct {fmt(d)} vs buffered {fmt(b)} per checkpoint",
+        ratio=r,
+        met=None if r is None else r >= 10,
+        suffix=suffix,
+    )
+
+
+def judge_latency(
+    key: str, q: str, direct: dict[str, Any], buffered: dict[str, Any], suffix: str = ""
+) -> dict[str, Any]:
+    """Latency quantile `q`, direct over buffered (>= 5)."""
+    d = side_get(direct, "latency_ms", q)
+    b = side_get(buffered, "latency_ms", q)
+    r = ratio(d, b)
+    return target(
+        key,
+        f"{q}: direct {fmt(d, 'ms')} ms vs buffered {fmt(b, 'ms')} ms",
+        ratio=r,
+        met=None if r is None else r >= 5,
+        suffix=suffix,
+    )
+
+
+def judge_round_trips(buffered: dict[str, Any], suffix: str = "") -> dict[str, Any]:
+    """NATS requests per steady-state checkpoint (<= 2)."""
+    steady = side_get(buffered, "nats", "requests_per_checkpoint_steady")
+    overall = side_get(buffered, "nats", "requests_per_checkpoint")
+    return target(
+        "round_trips",
+        f"{fmt(steady)} steady ({fmt(overall)} including each thread's cold first checkpoint)",
+        met=None if steady is None else steady <= 2.0 + 1e-9,
+        suffix=suffix,
+    )
+
+
+def judge_flush_lag(
+    buffered: dict[str, Any], flush_interval_s: float, suffix: str = ""
+) -> dict[str, Any]:
+    """Flush lag p99 within flush_interval + 250 ms, and a backlog that does not grow."""
+    p99 = side_get(buffered, "flush", "lag_from_ack_ms", "p99")
+    p99_start = side_get(buffered, "flush", "lag_ms", "p99")
+    slope = side_get(buffered, "flush", "backlog", "slope_per_s_second_half")
+    rate = side_get(buffered, "throughput_per_s") or 0.0
+    limit = flush_interval_s * 1000 + 250
+    growing = slope is not None and slope > 0.01 * rate
+    met = None if p99 is None else (p99 <= limit and not growing)
+    return target(
+        "flush_lag",
+        f"p99 {fmt(p99, 'ms')} ms from acknowledgement ({fmt(p99_start, 'ms')} ms from the "
+        f"call's start; limit {limit:.0f} ms); backlog trend "
+        f"{fmt(slope)} entries/s over the second half ({'growing' if growing else 'flat'})",
+        met=met,
+        ratio=ratio(p99, limit),
+        suffix=suffix,
+    )

@@ -1,0 +1,66 @@
+"""`hot-threads`: 64 threads, each checkpointing 20 times a second, with a 200-message
+history growing by 2 messages per step; direct Postgres against the buffered store, the
+latter twice: on a default nats-server and on one with ``sync_interval: always``."""
+
+from __future__ import annotations
+
+from benchmarks.harness import Bench
+from benchmarks.scenarios import Outcome
+from benchmarks.scenarios.common import (
+    judge_flush_lag,
+    judge_latency,
+    judge_pg_tx,
+    judge_round_trips,
+)
+from benchmarks.sides import SidePlan, run_side
+from benchmarks.workload import Workload
+
+DESCRIPTION = (
+    "64 threads each checkpoint 20 times a second (open loop, paced), starting from a "
+    "200-message history that grows by 2 messages (~300 bytes each) per checkpoint. The "
+    "sides run back to back on the same machine and servers, each on a database of its "
+    "own: direct `PostgresThreadRunStore`, then the buffered store with a flusher process "
+    "on the default nats-server, then on a nats-server with `sync_interval: always` (the "
+    "durable mode: every WAL write is fsynced)."
+)
+
+
+def workload(bench: Bench) -> Workload:
+    """The hot-threads workload (smaller in quick mode)."""
+    o = bench.options
+    if o.quick:
+        return Workload(
+            threads=o.threads or 8,
+            rate_per_thread=o.rate or 20.0,
+            duration_s=o.duration_s or 3.0,
+            seed_messages=20,
+        )
+    return Workload(
+        threads=o.threads or 64, rate_per_thread=o.rate or 20.0, duration_s=o.duration_s or 60.0
+    )
+
+
+async def run(bench: Bench) -> Outcome:
+    wl = workload(bench)
+    durable_url = await bench.durable_nats_url()
+    plans = [
+        SidePlan("direct", "direct Postgres", "direct"),
+        SidePlan("buffered", "buffered (NATS default)", "buffered"),
+        SidePlan("buffered_durable", "buffered (sync_interval: always)", "buffered", durable_url),
+    ]
+    sides = {plan.key: await run_side(bench, plan, wl) for plan in plans}
+    interval = bench.buffered_config(bench.nats_url, "x").flush_interval_s
+    direct = sides["direct"]
+    targets = []
+    for key, suffix in (("buffered", ""), ("buffered_durable", "sync_interval: always")):
+        targets += [
+            judge_pg_tx(direct, sides[key], suffix),
+            judge_latency("p99", "p99", direct, sides[key], suffix),
+            judge_round_trips(sides[key], suffix),
+            judge_flush_lag(sides[key], interval, suffix),
+        ]
+    return Outcome(
+        sides=sides,
+        targets=targets,
+        parameters={"workload": wl.__dict__, "flush_interval_s": interval},
+    )

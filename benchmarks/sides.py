@@ -1,0 +1,417 @@
+"""Running one side of a scenario (direct or buffered) and collecting its figures.
+
+A side runs in two phases on a database of its own:
+
+1. seed (unmeasured): each thread's starting history is written, and for the buffered
+   side flushed; then every pool is closed;
+2. measured: counters are read with no backend connected; the stores are opened afresh
+   (as a new process would), the workload runs, the buffered side waits until the flusher
+   drained the WAL, the stores are closed and the counters are read again.
+
+So the Postgres figures of the buffered side include every transaction its checkpoints
+cost, the flushing of all of them included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from benchmarks.flush import LAG_METHOD, backlog_figures, flush_lag
+from benchmarks.harness import Bench, SideDb
+from benchmarks.measure import (
+    CpuMeter,
+    LatencyLog,
+    PgStats,
+    Timeline,
+    cdf_points,
+    cpu_delta,
+    pg_delta,
+    rate_series,
+    steady_rate,
+    summarize,
+)
+from benchmarks.processes import FlusherProcess, WalMonitor
+from benchmarks.workload import ThreadState, Workload, drive, make_threads, seed
+from buffered_store.buffered import BufferedThreadRunStore
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.protocol import ThreadRunStore
+
+
+@dataclass(frozen=True)
+class TimedEvent:
+    """Something done to the system at a time of the measured phase (pg-outage)."""
+
+    at_s: float
+    label: str
+    action: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class SidePlan:
+    """What one side is."""
+
+    key: str
+    label: str
+    kind: Literal["direct", "buffered"]
+    nats_url: str | None = None
+    flusher: bool = True
+    route: tuple[str, int] | None = None
+    """Host and port through which the stores reach Postgres (the remote-db proxy)."""
+    events: Sequence[TimedEvent] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+    extra_cpu: dict[str, Callable[[], int | None]] = field(default_factory=dict)
+    drain_timeout_s: float = 180.0
+
+
+AfterHook = Callable[
+    ["OpenSide", list[ThreadState], BufferedStoreConfig | None], Awaitable[dict[str, Any]]
+]
+
+
+@dataclass
+class OpenSide:
+    """The stores of one side while they are open."""
+
+    store: ThreadRunStore
+    inner: PostgresThreadRunStore
+    url: str
+    """SQLAlchemy URL the side's stores use (through the proxy, if any)."""
+    schema: str
+    flusher: FlusherProcess | None = None
+    monitor: WalMonitor | None = None
+    flusher_final: dict[str, Any] = field(default_factory=dict)
+    flusher_cpu_at_start: float = 0.0
+
+    def store_stats(self) -> dict[str, float]:
+        """The store's own counters."""
+        stats = getattr(self.store, "stats", None)
+        return dict(stats()) if callable(stats) else {}
+
+
+@contextlib.asynccontextmanager
+async def open_side(
+    bench: Bench,
+    plan: SidePlan,
+    db: SideDb,
+    config: BufferedStoreConfig | None,
+    *,
+    phase: str,
+) -> AsyncIterator[OpenSide]:
+    """Open the side's stores (and its flusher process); close them all on exit."""
+    url = db.via(*plan.route) if plan.route else db.url
+    inner = await PostgresThreadRunStore.connect(url, schema=db.schema)
+    side = OpenSide(store=inner, inner=inner, url=url, schema=db.schema)
+    buffered: BufferedThreadRunStore | None = None
+    try:
+        if plan.kind == "buffered":
+            assert config is not None
+            side.monitor = await WalMonitor.connect(config)
+            if plan.flusher:
+                profile = None
+                if bench.options.profile and phase == "measured":
+                    profile = bench.output / f"profile-flusher-{plan.key}.pstats"
+                side.flusher = await FlusherProcess.start(
+                    database_url=url,
+                    schema=db.schema,
+                    config=config,
+                    log_path=bench.output / "logs" / f"flusher-{plan.key}-{phase}.log",
+                    profile_path=profile,
+                )
+                side.flusher_cpu_at_start = side.flusher.cpu_s or 0.0
+            buffered = await BufferedThreadRunStore.connect(inner, config)
+            side.store = buffered
+        yield side
+    finally:
+        if buffered is not None:
+            await buffered.close()
+        if side.flusher is not None:
+            side.flusher_final = await side.flusher.stop()
+            if "Traceback" in side.flusher.log_path.read_text(errors="replace"):
+                bench.note(f"the flusher logged errors: see {side.flusher.log_path}")
+        await inner.close()
+        if side.monitor is not None:
+            if phase == "measured" and not bench.options.keep:
+                await side.monitor.delete_objects()
+            await side.monitor.close()
+
+
+def process_cpu_sources(bench: Bench, plan: SidePlan) -> dict[str, Callable[[], int | None]]:
+    """Processes whose CPU time counts for a side (this process, servers, helpers)."""
+    durable = plan.nats_url is not None and bench.durable_nats is not None
+    durable = durable and plan.nats_url == bench.durable_nats.url  # type: ignore[union-attr]
+    nats_key = "nats_server_durable" if durable else "nats_server"
+    sources: dict[str, Callable[[], int | None]] = {
+        "harness": os.getpid,
+        "postgres": lambda: bench.pids()["postgres"],
+    }
+    if plan.kind == "buffered":
+        sources["nats_server"] = lambda: bench.pids()[nats_key]
+    sources.update(plan.extra_cpu)
+    return sources
+
+
+async def sample_loop(
+    bench: Bench,
+    task: Any,
+    timeline: Timeline,
+    clock_zero: float,
+    probe: Callable[[], Awaitable[dict[str, float | None]]],
+    *,
+    interval_s: float,
+    total_s: float,
+) -> None:
+    """Sample `probe()` into the timeline and refresh the progress line until cancelled."""
+    last_t, last_n, last_said = 0.0, 0.0, 0.0
+    while True:
+        t = time.perf_counter() - clock_zero
+        values = await probe()
+        timeline.add(t, **values)
+        n = values.get("checkpoints") or 0.0
+        rate = (n - last_n) / (t - last_t) if t > last_t else 0.0
+        last_t, last_n = t, n
+        info = f"{int(n):>8,} ok  {rate:>7,.0f}/s"
+        if values.get("failed"):
+            info += f"  {int(values['failed'] or 0):,} failed"
+        if values.get("backlog") is not None:
+            info += f"  backlog {int(values['backlog'] or 0):,}"
+        bench.progress.update(task, completed=min(t, total_s), info=info)
+        if not bench.console.is_terminal and t - last_said >= 10:
+            # Logged runs (nohup ... > log) get a plain line every 10 s instead of a bar.
+            last_said = t
+            name = next((x.description for x in bench.progress.tasks if x.id == task), "")
+            bench.say(f"  {name} t={t:5.0f}s {info}")
+        await asyncio.sleep(interval_s)
+
+
+async def run_side(
+    bench: Bench,
+    plan: SidePlan,
+    workload: Workload,
+    *,
+    probe_extra: Callable[[list[ThreadState]], dict[str, float | None]] | None = None,
+    analyse: Callable[[LatencyLog, Timeline, list[dict[str, Any]]], dict[str, Any]] | None = None,
+    after: AfterHook | None = None,
+) -> dict[str, Any]:
+    """Seed, measure and return every figure of one side.
+
+    `probe_extra` adds series to the timeline; `analyse(log, timeline, events)` adds
+    scenario figures (under "analysis"); `after(side, states, config)` runs once the
+    writes are drained, before the stores close (under "after").
+    """
+    db = await bench.new_database(plan.key)
+    config = (
+        bench.buffered_config(plan.nats_url or bench.nats_url, plan.key, **plan.config)
+        if plan.kind == "buffered"
+        else None
+    )
+    states = make_threads(plan.key, workload)
+    counters = PgStats(bench.admin_libpq_url, db.libpq_url, db.name, db.schema)
+
+    seeding = bench.task(f"{plan.label}: seed", total=1)
+    async with open_side(bench, plan, db, config, phase="seed") as side:
+        await seed(side.store, states)
+        if side.monitor is not None and side.flusher is not None:
+            await side.monitor.wait_drained(plan.drain_timeout_s)
+    bench.progress.update(seeding, completed=1, info=f"{len(states)} threads")
+
+    pg_before, settled_before = await counters.settled()
+    meter = CpuMeter(process_cpu_sources(bench, plan))
+    cpu_before = meter.sample()
+    log = LatencyLog()
+    timeline = Timeline()
+    events: list[dict[str, Any]] = []
+    task = bench.task(f"{plan.label}: run", total=workload.duration_s)
+    profiler = cProfile.Profile() if bench.options.profile else None
+
+    async with open_side(bench, plan, db, config, phase="measured") as side:
+        clock_zero = time.perf_counter()
+        wall_zero = time.time()
+
+        async def probe() -> dict[str, float | None]:
+            stats = side.store_stats()
+            flusher = side.flusher.latest if side.flusher else {}
+            values: dict[str, float | None] = {
+                "checkpoints": float(log.count),
+                "failed": float(len(log.failures)),
+                "nats_requests": stats.get("nats_requests"),
+                "wal_bytes": stats.get("wal_bytes"),
+                "pg_statements": float(side.inner.stats().get("statements", 0)),
+                "backlog": await side.monitor.backlog() if side.monitor else None,
+                "flusher_last_lag_s": flusher.get("last_lag_s"),
+                "flusher_transactions": flusher.get("transactions"),
+                "cpu_s": meter.sample()["total"],
+            }
+            if probe_extra is not None:
+                values.update(probe_extra(states))
+            return values
+
+        sampler = asyncio.create_task(
+            sample_loop(
+                bench,
+                task,
+                timeline,
+                clock_zero,
+                probe,
+                interval_s=0.2 if bench.options.quick else 0.5,
+                total_s=workload.duration_s,
+            )
+        )
+        happenings = [asyncio.create_task(_happen(e, clock_zero, events)) for e in plan.events]
+        if profiler is not None:
+            profiler.enable()
+        try:
+            result = await drive(side.store, states, workload, log, clock_zero=clock_zero)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+        writes_end_s = time.perf_counter() - clock_zero
+        store_stats = side.store_stats()
+        await asyncio.gather(*happenings)
+        drain_s = None
+        if side.monitor is not None and side.flusher is not None:
+            drain_s = await side.monitor.wait_drained(plan.drain_timeout_s)
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        timeline.add(time.perf_counter() - clock_zero, **(await probe()))
+        cpu_after = meter.sample()
+        after_figures = await after(side, states, config) if after is not None else None
+    bench.progress.update(task, completed=workload.duration_s)
+
+    cpu = cpu_delta(cpu_before, cpu_after, log.count)
+    if side.flusher is not None and side.flusher.cpu_s is not None:
+        flusher_s = round(side.flusher.cpu_s - side.flusher_cpu_at_start, 3)
+        cpu["seconds"]["flusher"] = flusher_s
+        cpu["seconds"]["total"] = round(cpu["seconds"]["total"] + flusher_s, 3)
+        other = cpu["seconds"]["other_processes"] - flusher_s
+        cpu["seconds"]["other_processes"] = round(other, 3)
+        cpu["seconds_per_1k_checkpoints"]["flusher"] = (
+            round(flusher_s * 1000 / log.count, 4) if log.count else None
+        )
+        cpu["seconds_per_1k_checkpoints"]["total"] = (
+            round(cpu["seconds"]["total"] * 1000 / log.count, 4) if log.count else None
+        )
+    cpu["method"] = (
+        "psutil user+system seconds of this process, the Postgres postmaster with its "
+        "backends (live and exited), the nats-server and helper processes; the flusher "
+        "worker reports its own process_time() minus its start-up. other_processes is the "
+        "machine's busy CPU time (psutil.cpu_times) minus all of these: load from outside "
+        "the benchmark, which disturbs its figures"
+    )
+    pg_after, settled_after = await counters.settled()
+    lag = await flush_lag(db, wall_zero, log.acks)
+    if profiler is not None:
+        write_profile(bench, profiler, f"profile-writers-{plan.key}")
+
+    ok = log.count
+    warm_s = min(2.0, workload.duration_s / 5)
+    t = timeline.t_s
+    figures: dict[str, Any] = {
+        "key": plan.key,
+        "label": plan.label,
+        "kind": plan.kind,
+        "workload": asdict(workload),
+        "database": db.name,
+        "checkpoints": ok,
+        "failed": len(log.failures),
+        "failure_kinds": log.failure_kinds(),
+        "write_seconds": round(result.seconds, 3),
+        "writes_end_s": round(writes_end_s, 3),
+        "throughput_per_s": ok / result.seconds if result.seconds else None,
+        "offered_per_s": workload.target_rate,
+        "late_slots": result.late_slots,
+        "latency_ms": summarize(log.durations_ms),
+        "latency_cdf_ms": cdf_points(log.durations_ms),
+        "pg": {**pg_delta(pg_before, pg_after, ok), "settled": settled_before and settled_after},
+        "store_stats": store_stats,
+        "cpu": cpu,
+        "events": events,
+        "timeline": {
+            **timeline.as_dict(),
+            "checkpoints_per_s": rate_series(t, timeline.series.get("checkpoints", [])),
+        },
+        "unavailable": {},
+    }
+    offered = workload.target_rate
+    achieved = figures["throughput_per_s"]
+    if offered and achieved is not None and achieved < 0.9 * offered:
+        bench.note(
+            f"{plan.label}: offered {offered:,.0f} checkpoints/s but achieved {achieved:,.0f}/s "
+            f"({result.late_slots:,} scheduled slots skipped): the side could not sustain the "
+            "load on this machine, so its latencies include waiting for CPU"
+        )
+    if analyse is not None:
+        figures["analysis"] = analyse(log, timeline, events)
+    if after_figures is not None:
+        figures["after"] = after_figures
+    if plan.kind == "buffered":
+        requests = store_stats.get("nats_requests", 0.0)
+        wal = store_stats.get("wal_bytes", 0.0)
+        series = timeline.series
+        figures["nats"] = {
+            "requests": requests,
+            "requests_per_checkpoint": requests / ok if ok else None,
+            "requests_per_checkpoint_steady": steady_rate(
+                t, series["nats_requests"], series["checkpoints"], warm_s
+            ),
+            "wal_bytes": wal,
+            "wal_bytes_per_checkpoint": wal / ok if ok else None,
+            "wal_bytes_per_checkpoint_steady": steady_rate(
+                t, series["wal_bytes"], series["checkpoints"], warm_s
+            ),
+            "steady_state_from_s": warm_s,
+            "method": "BufferedThreadRunStore.stats(): nats_requests (every request of the "
+            "store's connection is one round trip) and wal_bytes, sampled; 'steady' is the "
+            f"delta from t={warm_s}s (every thread past its first, cold checkpoint) to the end",
+        }
+        figures["flush"] = {
+            "drain_s": drain_s,
+            "lag_ms": lag["lag_ms"] if lag else None,
+            "lag_from_ack_ms": lag["lag_from_ack_ms"] if lag else None,
+            "lag_timeline": lag["timeline"] if lag else None,
+            "lag_method": LAG_METHOD if lag else None,
+            "backlog": backlog_figures(t, series.get("backlog", []), writes_end_s, warm_s),
+            "flusher_stats": side.flusher_final,
+        }
+    else:
+        figures["unavailable"].update(
+            {
+                "nats": "the direct store makes no NATS requests and has no NATS WAL",
+                "flush_lag": "no flush: a direct checkpoint is committed when it returns "
+                "(its commit lag is in commit_lag_ms, equal to its latency by construction)",
+                "backlog": "no backlog: direct writes are synchronous",
+            }
+        )
+        figures["commit_lag_ms"] = lag["lag_ms"] if lag else None
+    return figures
+
+
+async def _happen(event: TimedEvent, clock_zero: float, out: list[dict[str, Any]]) -> None:
+    delay = event.at_s - (time.perf_counter() - clock_zero)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    began = time.perf_counter() - clock_zero
+    await event.action()
+    done = time.perf_counter() - clock_zero
+    out.append({"label": event.label, "began_s": round(began, 3), "done_s": round(done, 3)})
+
+
+def write_profile(bench: Bench, profiler: cProfile.Profile, name: str) -> None:
+    """Save cProfile stats and a text summary (top functions by own and total time)."""
+    path = bench.output / f"{name}.pstats"
+    profiler.dump_stats(path)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    (bench.output / f"{name}.txt").write_text(text.getvalue())

@@ -1,0 +1,65 @@
+"""DESIGN section 6 targets as rows of a report: figure, target, measured value, verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DESIGN_TARGETS = {
+    "pg_tx": (
+        "Postgres transactions per checkpoint, 64 hot threads x 20/s: buffered vs direct",
+        "at least 10x fewer",
+    ),
+    "p99": ("checkpoint latency p99 in that workload: buffered vs direct", "at least 5x lower"),
+    "remote_p50": (
+        "checkpoint latency p50, Postgres behind a +2 ms round-trip link: buffered vs direct",
+        "at least 5x lower",
+    ),
+    "outage": ("checkpoints accepted while Postgres is down", "all of them (direct: none)"),
+    "sustained": (
+        "sustained checkpoints/s, 64 concurrent threads, 2 cores, vs raw publish + KV CAS loop",
+        "at least 50% of raw",
+    ),
+    "round_trips": ("NATS round trips per steady-state checkpoint", "at most 2"),
+    "o_new": (
+        "WAL bytes and Postgres rows per append-only checkpoint",
+        "O(new messages), independent of history length",
+    ),
+    "flush_lag": (
+        "flush lag p99 under sustained load",
+        "at most flush_interval + 250 ms, no growing backlog",
+    ),
+    "force_flush": ("force_flush on a thread with pending entries", "p50 under 20 ms"),
+    "spark": (
+        "Spark overlay read, 1M flushed messages + 10k pending entries",
+        "at most 1.3x the plain JDBC read",
+    ),
+}
+
+
+def target(
+    key: str,
+    measured: str,
+    *,
+    met: bool | None,
+    ratio: float | None = None,
+    suffix: str = "",
+    why: str | None = None,
+) -> dict[str, Any]:
+    """One judged target; `suffix` names a variant (e.g. the durable NATS mode)."""
+    figure, goal = DESIGN_TARGETS[key]
+    return {
+        "id": key,
+        "figure": figure + (f" ({suffix})" if suffix else ""),
+        "target": goal,
+        "measured": measured,
+        "ratio": ratio,
+        "met": met,
+        "why": why,
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the divisor is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator

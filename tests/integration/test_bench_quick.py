@@ -1,0 +1,109 @@
+"""Smoke test of the benchmark harness: every scenario runs in ``--quick`` mode and writes
+its JSON, Markdown and PNG output with the expected keys.
+
+No timing is asserted: the DESIGN targets are judged from full runs (docs/benchmarks.md),
+never by timed tests. Each scenario runs as the user runs it, ``python -m benchmarks``
+in a process of its own, starting its own NATS and Postgres (so commit timestamps are on
+and `pg-outage` may stop its Postgres).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# scenario -> (side keys, extra plots)
+SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
+    "hot-threads": ({"direct", "buffered", "buffered_durable"}, {"timeline.png"}),
+    "saturate": ({"direct", "buffered"}, {"timeline.png"}),
+    "remote-db": ({"direct", "buffered"}, {"timeline.png"}),
+    "pg-outage": ({"direct", "buffered"}, {"timeline.png"}),
+    "large-thread": ({"direct", "buffered"}, {"timeline.png", "wal_bytes_vs_history.png"}),
+    "force-flush": ({"writer", "other"}, set()),
+    "raw": ({"raw", "buffered_writer_only", "buffered", "direct"}, {"timeline.png"}),
+    "spark-overlay": ({"plain", "overlay"}, {"spark_reads.png"}),
+}
+TOP_KEYS = {
+    "scenario",
+    "command",
+    "machine",
+    "versions",
+    "pg_settings",
+    "parameters",
+    "targets",
+    "sides",
+    "plots",
+}
+
+
+def run_quick(scenario: str, out: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL")}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", scenario, "--quick", "--output", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, f"{scenario} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    for name in ("results.json", "report.md"):
+        assert (out / name).is_file(), f"{scenario}: {name} missing"
+    data: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return data
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "scenario",
+    [pytest.param(s, marks=pytest.mark.spark) if s == "spark-overlay" else s for s in SCENARIOS],
+)
+def test_quick_mode_writes_every_output(scenario: str, tmp_path: Path) -> None:
+    sides, extra_plots = SCENARIOS[scenario]
+    data = run_quick(scenario, tmp_path / scenario)
+
+    assert set(data) >= TOP_KEYS
+    assert data["scenario"] == scenario
+    assert data["quick"] is True
+    assert {"cpu_model", "logical_cores", "memory_gib", "python"} <= set(data["machine"])
+    assert data["pg_settings"].get("server_version")
+    assert set(data["sides"]) == sides
+    for key, side in data["sides"].items():
+        assert side["checkpoints"] > 0, f"{key} did no work"
+        assert {"p50", "p95", "p99", "max"} <= set(side["latency_ms"]), key
+        assert "unavailable" in side, key
+    assert data["targets"], "every scenario judges at least one DESIGN target"
+    for judged in data["targets"]:
+        assert {"figure", "target", "measured", "met"} <= set(judged)
+
+    plots = set(data["plots"])
+    assert {"latency_cdf.png", *extra_plots} <= plots
+    for plot in plots:
+        assert (tmp_path / scenario / plot).stat().st_size > 0
+    report = (tmp_path / scenario / "report.md").read_text()
+    assert "DESIGN section 6 targets" in report
+    assert "latency_cdf.png" in report
+
+
+def test_summary_collects_the_targets_of_several_runs(tmp_path: Path) -> None:
+    data = run_quick("force-flush", tmp_path / "ff")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "summary", str(tmp_path / "ff")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| figure | target | measured | ratio | met |" in done.stdout
+    assert data["targets"][0]["figure"] in done.stdout
