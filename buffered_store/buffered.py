@@ -100,7 +100,7 @@ class BufferedThreadRunStore:
         self.wal = wal
         self.config = config
         self._clock = clock
-        self._writer = Writer(wal, config)
+        self._writer = Writer(wal, config, seed=self._seed_from_inner)
         self._log = ThreadLog(wal, config)
         self._locks = ThreadLocks()
         self._closed = False
@@ -300,6 +300,25 @@ class BufferedThreadRunStore:
                 thread_seq=entry.seq,
             ) from exc
         return entry
+
+    async def _seed_from_inner(self, thread_id: str) -> StoredThread | None:
+        """The inner store's state of a thread the WAL has never seen, if it answers soon.
+
+        When it does not (Postgres down), the checkpoint goes ahead as a new thread:
+        accepting writes during an outage matters more; a thread that existed only in the
+        inner store and is first written through the buffer during an outage restarts
+        its seqs (see docs/concepts/failure-modes.md).
+        """
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                return await self.target.read_thread(thread_id, with_messages=True)
+        except (StoreError, TimeoutError) as exc:
+            log.warning(
+                "could not read a new thread's stored state; treating it as new (%s)",
+                type(exc).__name__,
+                extra={"action": "cold_thread_unverified"},
+            )
+            return None
 
     async def _prime_snapshot(self, thread_id: str) -> bool:
         cursor = await self._writer.cursor(thread_id)

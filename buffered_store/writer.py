@@ -12,7 +12,7 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,6 +34,7 @@ from buffered_store.errors import (
 )
 from buffered_store.keys import hot_key, msg_id, run_key, wal_subject
 from buffered_store.messages import apply_delta
+from buffered_store.target import StoredThread
 from buffered_store.wal import StoredMsg, Wal
 
 log = logging.getLogger("buffered_store.writer")
@@ -129,9 +130,16 @@ class AppendAttempt:
 class Writer:
     """Appends entries for threads and keeps their hot records current."""
 
-    def __init__(self, wal: Wal, config: BufferedStoreConfig) -> None:
+    def __init__(
+        self,
+        wal: Wal,
+        config: BufferedStoreConfig,
+        *,
+        seed: Callable[[str], Awaitable[StoredThread | None]] | None = None,
+    ) -> None:
         self.wal = wal
         self.config = config
+        self._seed = seed
         self.cursors = CursorCache(config.cursor_cache_threads)
         self.conflicts = 0
         self.wal_bytes = 0
@@ -165,6 +173,20 @@ class Writer:
         hot = decode_hot(value.value) if value else None
         revision = value.revision if value else None
         snapshot = _known_snapshot(hot, old)
+        if last is None and hot is None and self._seed is not None:
+            # The WAL has never seen this thread; the inner store may have (data written
+            # before the buffered store was put in front of it). Continue its seqs there,
+            # or the flush would judge our entries stale.
+            stored = await self._seed(thread_id)
+            if stored is not None and stored.flushed_seq > 0:
+                return Cursor(
+                    seq=stored.flushed_seq,
+                    stream_seq=0,
+                    hot=HotRecord(seq=stored.flushed_seq, stream_seq=0, thread=stored.thread),
+                    revision=None,
+                    snapshot=list(stored.messages or []),
+                    runs=old.runs if old else set(),
+                )
         if last is None or (hot is not None and last.seq == hot.stream_seq):
             return Cursor(
                 seq=hot.seq if hot else 0,
