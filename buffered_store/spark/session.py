@@ -198,6 +198,10 @@ def spark_session(
         master=master, driver=driver, submitted=submitted, conf=conf
     ).items():
         builder = builder.config(key, value)
+    if not submitted and (master or "local").startswith("local"):
+        # Keep a local JVM's own services (block manager, shuffle) on loopback too: the
+        # driver settings above do not reach what starts before the session reads them.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = builder.getOrCreate()
     register_datasource(spark)
     return spark
