@@ -35,7 +35,13 @@ from buffered_store.errors import (
     ValidationError,
     WalUnavailableError,
 )
-from buffered_store.flushing import ThreadLog, flush_thread, group_by_thread, read_tail
+from buffered_store.flushing import (
+    ThreadLog,
+    flush_thread,
+    group_by_thread,
+    pending_threads,
+    tail_entries,
+)
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
 from buffered_store.planning import ThreadView, fold
 from buffered_store.protocol import ThreadRunStore
@@ -438,10 +444,7 @@ class BufferedThreadRunStore:
             await self.force_flush_all()
         if mode is not ReadConsistency.READ_YOUR_WRITES:
             return await self.inner.list_threads(limit=limit, offset=offset)
-        first, last = await self.wal.tail_bounds()
-        pending_ids = sorted(
-            {e.thread_id for e in await read_tail(self.wal, self.config, first, last)}
-        )
+        pending_ids = await pending_threads(self.wal, self.config)
         hots = await asyncio.gather(*(self._log.hot(t) for t in pending_ids))
         overlay = {t: h.record.thread for t, h in zip(pending_ids, hots, strict=True) if h}
         stored = await self.target.read_threads(limit=offset + limit + len(overlay), offset=0)
@@ -491,8 +494,7 @@ class BufferedThreadRunStore:
         return _runs_of(entries)
 
     async def _tail_runs(self) -> dict[str, tuple[Versions, int]]:
-        first, last = await self.wal.tail_bounds()
-        groups = group_by_thread(await read_tail(self.wal, self.config, first, last))
+        groups = group_by_thread(await tail_entries(self.wal, self.config))
         return {thread_id: _runs_of(entries) for thread_id, entries in groups.items()}
 
     # -- flushing -------------------------------------------------------------------------
@@ -518,10 +520,7 @@ class BufferedThreadRunStore:
         self._check_open()
         try:
             async with asyncio.timeout(timeout):
-                first, last = await self.wal.tail_bounds()
-                threads = sorted(
-                    {e.thread_id for e in await read_tail(self.wal, self.config, first, last)}
-                )
+                threads = await pending_threads(self.wal, self.config)
                 gate = asyncio.Semaphore(16)
 
                 async def one(thread_id: str) -> None:

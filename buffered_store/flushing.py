@@ -178,14 +178,19 @@ async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> 
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
 
 
-async def pending_threads(wal: Wal, config: EngineConfig) -> dict[str, int]:
-    """Threads with entries in the WAL tail (unacknowledged range), with their highest seq.
+async def tail_entries(wal: Wal, config: EngineConfig) -> list[WalEntry]:
+    """Entries of the WAL tail: between the flusher consumer's ack floor and the end.
 
-    Costs O(tail entries): the range between the flusher consumer's ack floor and the end
-    of the stream, read with concurrent direct gets.
+    Everything unflushed is there (and maybe some flushed entries acked out of order).
+    Costs O(tail entries), read with concurrent direct gets.
     """
     first, last = await wal.tail_bounds()
-    return {e.thread_id: e.seq for e in await read_tail(wal, config, first, last)}
+    return await read_tail(wal, config, first, last)
+
+
+async def pending_threads(wal: Wal, config: EngineConfig) -> list[str]:
+    """Threads with entries in the WAL tail, sorted."""
+    return sorted({entry.thread_id for entry in await tail_entries(wal, config)})
 
 
 async def read_tail(wal: Wal, config: EngineConfig, first: int, last: int) -> list[WalEntry]:

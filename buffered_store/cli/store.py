@@ -92,7 +92,7 @@ def status(
 async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
     """The status report as a dict (shared by `status --json` and health checks)."""
     from buffered_store.entry import decode_flushed
-    from buffered_store.flushing import ThreadLog, group_by_thread, read_tail
+    from buffered_store.flushing import ThreadLog, group_by_thread, tail_entries
     from buffered_store.keys import flushed_key
     from buffered_store.records import utcnow
     from buffered_store.wal import Wal
@@ -103,8 +103,7 @@ async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
             wal.js.consumer_info(config.stream_name, config.consumer_name),
             wal.js.stream_info(config.stream_name),
         )
-        first, last = await wal.tail_bounds()
-        tail = await read_tail(wal, config, first, last)
+        tail = await tail_entries(wal, config)
         by_thread = group_by_thread(tail)
         log = ThreadLog(wal, config)
         threads = sorted(by_thread)
