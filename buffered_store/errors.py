@@ -25,6 +25,21 @@ class PayloadTooLargeError(ValidationError):
     """The checkpoint entry is larger than the WAL accepts; nothing was written."""
 
 
+class RunOwnershipError(ValidationError):
+    """The run id already belongs to another thread; nothing was written.
+
+    Runs are keyed by id alone, so a run id checkpointed on a second thread would
+    silently move the run. `owner_thread_id` names the thread that owns it.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, run_id: str = "", owner_thread_id: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.owner_thread_id = owner_thread_id
+
+
 class StoreClosedError(StoreError):
     """The store is closed."""
 
