@@ -28,21 +28,19 @@ from buffered_store.entry import EntryKind, WalEntry, encode_entry, messages_of
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
+    ConflictError,
     FlushTimeoutError,
     PayloadTooLargeError,
+    RunOwnershipError,
     StoreClosedError,
     StoreError,
     ValidationError,
     WalUnavailableError,
 )
-from buffered_store.flushing import (
-    ThreadLog,
-    flush_thread,
-    group_by_thread,
-    pending_threads,
-    tail_entries,
-)
+from buffered_store.flushing import ThreadLog, flush_thread
+from buffered_store.keys import run_key
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
+from buffered_store.pending import PendingIndex, PendingThread
 from buffered_store.planning import ThreadView, fold
 from buffered_store.protocol import ThreadRunStore
 from buffered_store.records import (
@@ -106,8 +104,9 @@ class BufferedThreadRunStore:
         self.wal = wal
         self.config = config
         self._clock = clock
-        self._writer = Writer(wal, config, seed=self._seed_from_inner)
+        self._writer = Writer(wal, config, seed=self._seed_from_inner, clock=clock)
         self._log = ThreadLog(wal, config)
+        self._pending = PendingIndex(wal, target.flushed_seqs)
         self._locks = ThreadLocks()
         self._closed = False
         self._stats: dict[str, float] = {
@@ -211,18 +210,20 @@ class BufferedThreadRunStore:
                 seq=cursor.seq + 1,
                 now=self._clock(),
                 writer=nonce,
+                jump=cursor.jump,
             )
             return entry, self._encode(entry, cursor)
 
         async def write() -> CheckpointReceipt:
+            await self._claim_run(thread_id, run.run_id)
             try:
-                entry = await self._write(thread_id, build, call.encoded, run)
+                entry = await self._write(thread_id, build, call.encoded)
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
                 # message, learn its snapshot once and send the delta instead.
                 if not await self._prime_snapshot(thread_id):
                     raise
-                entry = await self._write(thread_id, build, call.encoded, run)
+                entry = await self._write(thread_id, build, call.encoded)
             return CheckpointReceipt(
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
             )
@@ -231,27 +232,60 @@ class BufferedThreadRunStore:
         return receipt
 
     async def delete_thread(self, thread_id: str) -> None:
-        """Append a delete entry: the thread disappears from every read at once."""
+        """Append a delete entry: the thread disappears from every read at once.
+
+        Decided on the thread's latest state, read from NATS (never from this instance's
+        cache, which misses what other instances wrote), and written through the same
+        per-thread compare-and-set as checkpoints: a delete racing another writer is
+        ordered before or after it, never lost.
+        """
         self._check_open()
         check_id(thread_id, "thread_id")
         nonce = now_writer_nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
             entry = build_delete_entry(
-                thread_id, seq=cursor.seq + 1, now=self._clock(), writer=nonce
+                thread_id, seq=cursor.seq + 1, now=self._clock(), writer=nonce, jump=cursor.jump
             )
             return entry, self._encode(entry, cursor)
 
         async def write() -> None:
-            cursor = await self._writer.cursor(thread_id)
-            if cursor.hot is None or cursor.hot.thread is None:
-                stored = await self.target.read_thread(thread_id, with_messages=False)
-                if stored.thread is None:
-                    return  # unknown or already deleted: nothing to do
-            await self._write(thread_id, build, [], None)
+            cursor = await self._writer.load_cursor(thread_id, self._writer.cursors.get(thread_id))
+            self._writer.cursors.put(thread_id, cursor)
+            known_absent = cursor.hot is None or cursor.hot.thread is None
+            if known_absent and not cursor.jump:
+                return  # never written, or deleted already: nothing to do
+            await self._write(thread_id, build, [])
             self._stats["deletes"] += 1
 
         await self._locks.run(thread_id, write)
+
+    async def _claim_run(self, thread_id: str, run_id: str) -> None:
+        """Claim `run_id` for the thread in the KV run index before anything is written.
+
+        Runs are keyed by id alone: a run id checkpointed on a second thread would move
+        the run. The claim is a create-if-absent, made once per run and instance (one
+        round trip on a run's first checkpoint, none after). An existing claim by another
+        thread is honoured while that thread still has the run, else taken over (the
+        thread was deleted, or the checkpoint that claimed it never landed).
+        """
+        cursor = await self._writer.cursor(thread_id)
+        if run_id in cursor.runs:
+            return
+        key = run_key(run_id)
+        mine = thread_id.encode("utf-8")
+        try:
+            await self.wal.kv_swap(key, mine, revision=None)
+        except ConflictError:
+            current = await self.wal.kv_get(key)
+            owner = current.value.decode("utf-8") if current else None
+            if owner != thread_id:
+                run = await self._load_run_overlay(run_id)
+                if run is not None and run.thread_id != thread_id:
+                    raise _owned(run_id, run.thread_id) from None
+                revision = current.revision if current else None
+                await self.wal.kv_swap(key, mine, revision=revision)
+        cursor.runs.add(run_id)
 
     def _encode(self, entry: WalEntry, cursor: Cursor) -> bytes:
         payload = encode_entry(entry)
@@ -268,7 +302,6 @@ class BufferedThreadRunStore:
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
         snapshot: list[bytes],
-        run: RunRecord | None,
     ) -> WalEntry:
         attempt = AppendAttempt()
         deadline = time.monotonic() + self.config.checkpoint_timeout_s
@@ -289,13 +322,9 @@ class BufferedThreadRunStore:
         assert cursor.hot is not None
         try:
             async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                advance = self._writer.advance_hot(thread_id, cursor.hot, base.revision)
-                if run is None or run.run_id in cursor.runs:
-                    # The steady state: no task to spawn, just the one KV round trip.
-                    cursor.revision = await advance
-                else:
-                    index = self._writer.index_run(thread_id, run.run_id, cursor)
-                    cursor.revision, _ = await asyncio.gather(advance, index)
+                cursor.revision = await self._writer.advance_hot(
+                    thread_id, cursor.hot, base.revision
+                )
         except (StoreError, TimeoutError) as exc:
             self._writer.cursors.drop(thread_id)
             self._stats["commit_unknown"] += 1
@@ -368,6 +397,10 @@ class BufferedThreadRunStore:
             if thread_id is not None:
                 await self._inner_only(thread_id)
             return await self.inner.load_run(run_id)
+        return await self._load_run_overlay(run_id)
+
+    async def _load_run_overlay(self, run_id: str) -> RunRecord | None:
+        """The newest version of a run: stored, or in its thread's unflushed entries."""
         indexed, stored = await asyncio.gather(
             self._writer.run_thread(run_id), self.target.read_run(run_id)
         )
@@ -409,10 +442,9 @@ class BufferedThreadRunStore:
         if mode is not ReadConsistency.READ_YOUR_WRITES:
             return await self.inner.list_runs(thread_id, status=status, limit=limit, offset=offset)
         if thread_id is not None:
-            versions, deleted_at = await self._pending_runs(thread_id)
-            pending = {thread_id: (versions, deleted_at)}
+            pending = {thread_id: await self._pending_runs(thread_id)}
         else:
-            pending = await self._tail_runs()
+            pending = await self._all_pending_runs()
         extra = sum(len(v) for v, _ in pending.values())
         want = offset + limit
         fetch = want + extra
@@ -444,9 +476,7 @@ class BufferedThreadRunStore:
             await self.force_flush_all()
         if mode is not ReadConsistency.READ_YOUR_WRITES:
             return await self.inner.list_threads(limit=limit, offset=offset)
-        pending_ids = await pending_threads(self.wal, self.config)
-        hots = await asyncio.gather(*(self._log.hot(t) for t in pending_ids))
-        overlay = {t: h.record.thread for t, h in zip(pending_ids, hots, strict=True) if h}
+        overlay = {p.thread_id: p.record.thread for p in await self._pending.scan()}
         stored = await self.target.read_threads(limit=offset + limit + len(overlay), offset=0)
         threads = [s.thread for s in stored if s.thread and s.thread_id not in overlay]
         threads.extend(t for t in overlay.values() if t is not None)
@@ -487,15 +517,26 @@ class BufferedThreadRunStore:
         hot, flushed = await asyncio.gather(
             self._log.hot(thread_id), self.target.flushed_seqs([thread_id])
         )
-        after = flushed[thread_id]
-        if hot is None or hot.record.seq <= after:
+        if hot is None:
             return {}, 0
-        entries = await self._log.entries_between(thread_id, after, hot.record.seq, hot.record)
-        return _runs_of(entries)
+        return await self._runs_above(PendingThread(thread_id, hot.record, flushed[thread_id]))
 
-    async def _tail_runs(self) -> dict[str, tuple[Versions, int]]:
-        groups = group_by_thread(await tail_entries(self.wal, self.config))
-        return {thread_id: _runs_of(entries) for thread_id, entries in groups.items()}
+    async def _all_pending_runs(self) -> dict[str, tuple[Versions, int]]:
+        pending = await self._pending.scan()
+        found = await asyncio.gather(*(self._runs_above(p) for p in pending))
+        return {p.thread_id: runs for p, runs in zip(pending, found, strict=True)}
+
+    async def _runs_above(self, pending: PendingThread) -> tuple[Versions, int]:
+        """Run versions written above the flushed seq: from the hot record when it covers
+        them (no entry read), else from the entries themselves."""
+        record, flushed = pending.record, pending.flushed_seq
+        if record.seq <= flushed:
+            return {}, 0
+        if record.covers_runs_after(flushed):
+            versions = {run.run_id: (run, seq) for run, seq in record.runs if seq > flushed}
+            return versions, (record.deleted_seq if record.deleted_seq > flushed else 0)
+        entries = await self._log.entries_between(pending.thread_id, flushed, record.seq, record)
+        return _runs_of(entries)
 
     # -- flushing -------------------------------------------------------------------------
 
@@ -520,7 +561,7 @@ class BufferedThreadRunStore:
         self._check_open()
         try:
             async with asyncio.timeout(timeout):
-                threads = await pending_threads(self.wal, self.config)
+                threads = [p.thread_id for p in await self._pending.scan()]
                 gate = asyncio.Semaphore(16)
 
                 async def one(thread_id: str) -> None:
@@ -604,6 +645,14 @@ def _failure_kind(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return "error"
+
+
+def _owned(run_id: str, owner: str) -> RunOwnershipError:
+    return RunOwnershipError(
+        f"run {run_id!r} belongs to thread {owner!r}; a run id cannot move to another thread",
+        run_id=run_id,
+        owner_thread_id=owner,
+    )
 
 
 def _base_view(stored: StoredThread) -> ThreadView:

@@ -65,15 +65,18 @@ def build_checkpoint_entry(
     seq: int,
     now: datetime,
     writer: str = "",
+    jump: bool = False,
 ) -> WalEntry:
     """The entry for a checkpoint at `seq` on top of the thread's previous state.
 
     `previous` is the live thread summary before this checkpoint (None for a new or
     deleted thread); `previous_messages` its snapshot, or None when unknown (the entry
-    then carries the full snapshot).
+    then carries the full snapshot). A `jump` entry starts a chain on an unknown base:
+    it always carries the full snapshot.
     """
     check_aware(now, "now")
-    delta = diff_snapshot(previous_messages if previous is not None else None, call.encoded)
+    known = previous_messages if previous is not None and not jump else None
+    delta = diff_snapshot(known, call.encoded)
     if previous is not None:
         created_at = previous.created_at
         parent = previous.parent_thread_id or call.run.parent_thread_id
@@ -97,13 +100,32 @@ def build_checkpoint_entry(
         parent_thread_id=parent,
         metadata=metadata,
         writer=writer,
+        jump=jump,
     )
 
 
-def build_delete_entry(thread_id: str, *, seq: int, now: datetime, writer: str = "") -> WalEntry:
+def build_delete_entry(
+    thread_id: str, *, seq: int, now: datetime, writer: str = "", jump: bool = False
+) -> WalEntry:
     """The entry that deletes a thread at `seq`."""
     check_id(thread_id, "thread_id")
-    return WalEntry(thread_id=thread_id, seq=seq, kind=EntryKind.DELETE, at=now, writer=writer)
+    return WalEntry(
+        thread_id=thread_id, seq=seq, kind=EntryKind.DELETE, at=now, writer=writer, jump=jump
+    )
+
+
+def jump_seq(now: datetime) -> int:
+    """The seq after which a chain starts when the thread's stored seq cannot be read.
+
+    The writer of a thread the WAL has never seen asks the inner store where the thread's
+    seqs stand; when it cannot answer (the database is down), the first entry *jumps* to
+    this seq instead of guessing 1: microseconds since the epoch, above any seq a thread
+    can have reached (a checkpoint takes far longer than a microsecond, so even a chain
+    started by an earlier jump stays below), so the flush never mistakes the new entries
+    for stale ones.
+    """
+    check_aware(now, "now")
+    return int(now.timestamp() * 1_000_000)
 
 
 def check_page(limit: Any, offset: Any) -> None:

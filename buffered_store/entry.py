@@ -4,6 +4,11 @@ A WAL entry is one checkpoint (or delete) of one thread at one `seq`. Its messag
 delta against the thread's previous entry: keep the first `keep` messages, then append
 `messages`. An append-only step therefore carries only the new messages. The entry also
 carries the full thread summary at its seq, so readers and flushers never derive it.
+
+Entries of a thread normally follow each other: seq, seq + 1, ... A *jump* entry starts a
+chain whose predecessor is unknown (its writer could not read the inner store to learn
+where the thread's seqs stand, see `checkpointing.jump_seq`): it carries a full snapshot
+and applies on top of any stored state with a lower seq.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class WalEntry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     writer: str = ""
     """Nonce of the writing call, to tell our own deduplicated publish from another's."""
+    jump: bool = False
+    """The entry starts a chain: it follows any lower seq, not only `seq - 1`."""
     stream_seq: int = 0
     """Where the entry sits in the stream, when read back from it (not encoded)."""
 
@@ -78,6 +85,8 @@ def encode_entry(entry: WalEntry) -> bytes:
         "at": entry.at.isoformat(),
         "w": entry.writer,
     }
+    if entry.jump:
+        head["j"] = True
     if entry.kind is EntryKind.CHECKPOINT:
         head.update(
             keep=entry.keep,
@@ -108,6 +117,7 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
         if not isinstance(seq, int) or seq < 1:
             raise CorruptEntryError(f"entry has an invalid seq {seq!r}")
         at = _parse_dt(data["at"])
+        jump = data.get("j", False) is True
         if kind is EntryKind.DELETE:
             return WalEntry(
                 thread_id=thread_id,
@@ -115,6 +125,7 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
                 kind=kind,
                 at=at,
                 writer=data.get("w", ""),
+                jump=jump,
                 stream_seq=stream_seq,
             )
         raw_messages = data["m"]
@@ -126,6 +137,8 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
         keep, count = data["keep"], data["n"]
         if not isinstance(keep, int) or keep < 0 or count != keep + len(messages):
             raise CorruptEntryError("entry message counts are inconsistent")
+        if jump and keep:
+            raise CorruptEntryError("a jump entry must carry its full snapshot")
         run = RunRecord.from_json(data["run"]) if data.get("run") else None
         if run is not None and run.thread_id != thread_id:
             raise CorruptEntryError("entry run belongs to another thread")
@@ -142,6 +155,7 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
             parent_thread_id=data.get("p"),
             metadata=data.get("md") or {},
             writer=data.get("w", ""),
+            jump=jump,
             stream_seq=stream_seq,
         )
     except CorruptEntryError:
@@ -150,12 +164,18 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
         raise CorruptEntryError(f"malformed entry: {exc!r}") from exc
 
 
+RUNS_WINDOW = 4
+"""Distinct runs whose latest version a hot record carries."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HotRecord:
     """The thread's hot metadata in KV (`h.<thread>`), advanced by writers with CAS.
 
     `recent` maps the latest few seqs to their stream seqs, so a reader fetches the
-    unflushed tail with direct gets instead of walking the subject.
+    unflushed tail with direct gets instead of walking the subject. `runs` holds the
+    latest version of the last few runs written, so run reads overlay pending versions
+    without fetching entries whenever `runs_from` covers what is unflushed.
     """
 
     seq: int
@@ -163,6 +183,12 @@ class HotRecord:
     thread: Thread | None
     """Summary at `seq`; None when the entry at `seq` deleted the thread."""
     recent: tuple[tuple[int, int], ...] = ()
+    runs: tuple[tuple[RunRecord, int], ...] = ()
+    """(run, seq of the entry that last wrote it), most recently written first."""
+    runs_from: int = 0
+    """Every run written by an entry with seq >= `runs_from` is in `runs` (0: unknown)."""
+    deleted_seq: int = 0
+    """Seq of the thread's latest delete entry known to this record (0: none)."""
 
     def stream_seq_of(self, seq: int) -> int | None:
         """Stream sequence of the entry with this thread seq, if still in `recent`."""
@@ -171,14 +197,41 @@ class HotRecord:
                 return stream_seq
         return None
 
+    def covers_runs_after(self, flushed_seq: int) -> bool:
+        """Whether `runs` holds every run version written after `flushed_seq`."""
+        return 0 < self.runs_from <= flushed_seq + 1
+
+
+def seeded_hot(seq: int, thread: Thread | None) -> HotRecord:
+    """The hot record of a thread the WAL has not seen yet, continuing at `seq`."""
+    return HotRecord(seq=seq, stream_seq=0, thread=thread, runs_from=seq + 1)
+
 
 def advance_hot(
     previous: HotRecord | None, entry: WalEntry, stream_seq: int, *, window: int
 ) -> HotRecord:
     """The hot record after `entry` was stored at `stream_seq`."""
     recent = (previous.recent if previous else ()) + ((entry.seq, stream_seq),)
+    follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
+    runs = previous.runs if previous is not None and follows else ()
+    runs_from = previous.runs_from if previous is not None and follows else entry.seq
+    deleted_seq = previous.deleted_seq if previous is not None else 0
+    if entry.kind is EntryKind.DELETE:
+        runs, runs_from, deleted_seq = (), entry.seq, entry.seq
+    elif entry.run is not None:
+        run_id = entry.run.run_id
+        runs = ((entry.run, entry.seq), *(item for item in runs if item[0].run_id != run_id))
+        if len(runs) > RUNS_WINDOW:
+            dropped = max(seq for _, seq in runs[RUNS_WINDOW:])
+            runs, runs_from = runs[:RUNS_WINDOW], max(runs_from, dropped + 1)
     return HotRecord(
-        seq=entry.seq, stream_seq=stream_seq, thread=entry.thread, recent=recent[-window:]
+        seq=entry.seq,
+        stream_seq=stream_seq,
+        thread=entry.thread,
+        recent=recent[-window:],
+        runs=runs,
+        runs_from=runs_from,
+        deleted_seq=deleted_seq,
     )
 
 
@@ -190,12 +243,15 @@ def encode_hot(record: HotRecord) -> bytes:
             "ss": record.stream_seq,
             "th": record.thread.to_json() if record.thread else None,
             "r": record.recent,
+            "ru": [[run.to_json(), seq] for run, seq in record.runs],
+            "rf": record.runs_from,
+            "ds": record.deleted_seq,
         }
     )
 
 
 def decode_hot(data: bytes) -> HotRecord:
-    """Hot record from KV bytes."""
+    """Hot record from KV bytes (records written before `runs` existed cover no runs)."""
     try:
         raw = orjson.loads(data)
         thread = Thread.from_json(raw["th"]) if raw.get("th") else None
@@ -204,6 +260,9 @@ def decode_hot(data: bytes) -> HotRecord:
             stream_seq=int(raw["ss"]),
             thread=thread,
             recent=tuple((int(a), int(b)) for a, b in raw.get("r", ())),
+            runs=tuple((RunRecord.from_json(run), int(seq)) for run, seq in raw.get("ru", ())),
+            runs_from=int(raw.get("rf", 0)),
+            deleted_seq=int(raw.get("ds", 0)),
         )
     except Exception as exc:
         raise CorruptEntryError(f"malformed hot record: {exc!r}") from exc

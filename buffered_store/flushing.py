@@ -24,6 +24,7 @@ from buffered_store.entry import (
 )
 from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
 from buffered_store.keys import flushed_key, hot_key, thread_from_subject, wal_subject
+from buffered_store.planning import chain_after
 from buffered_store.target import ApplyStatus, FlushTarget
 from buffered_store.wal import StoredMsg, Wal
 
@@ -80,31 +81,50 @@ class ThreadLog:
     async def entries_between(
         self, thread_id: str, after: int, upto: int, hot: HotRecord | None
     ) -> list[WalEntry]:
-        """Entries with seq in (after, upto], in order.
+        """The chain of entries applying on top of seq `after`, up to seq `upto`, in order.
 
         Uses the stream seqs cached in the hot record when they cover the range (one round
-        of concurrent direct gets), else walks the subject from the flushed mark.
-        Raises `StoreError` when an entry of the range is no longer in the stream.
+        of concurrent direct gets), else walks the subject. Raises `StoreError` when an
+        entry of the chain is no longer in the stream.
         """
         if upto <= after:
             return []
-        wanted = range(after + 1, upto + 1)
         known = dict(hot.recent) if hot else {}
-        entries: dict[int, WalEntry] = {}
-        if all(seq in known for seq in wanted):
-            for msg in await self.wal.get_many([known[seq] for seq in wanted]):
-                entry = self._decode(thread_id, msg)
-                if entry is not None and after < entry.seq <= upto:
-                    entries[entry.seq] = entry
-        if len(entries) < len(wanted):
-            entries.update(await self._walk(thread_id, after, upto, known))
-        missing = [seq for seq in wanted if seq not in entries]
-        if missing:
+        found = await self._cached(thread_id, after, upto, known)
+        chain = chain_after(found.values(), after)
+        if not chain or chain[-1].seq != upto:
+            found.update(await self._walk(thread_id, after, upto, known))
+            chain = chain_after(found.values(), after)
+        if not chain or chain[-1].seq != upto:
+            reached = chain[-1].seq if chain else after
             raise StoreError(
-                f"thread {thread_id!r}: entries {missing[0]}..{missing[-1]} are not in the WAL "
-                "(expired before they were flushed?)"
+                f"thread {thread_id!r}: the entries after seq {reached} up to {upto} are not "
+                "in the WAL (expired before they were flushed?)"
             )
-        return [entries[seq] for seq in wanted]
+        return chain
+
+    async def _cached(
+        self, thread_id: str, after: int, upto: int, known: dict[int, int]
+    ) -> dict[int, WalEntry]:
+        """Entries of (after, upto] read by the stream seqs cached in the hot record, when
+        they can make the whole chain: they reach `upto` without a hole and start right
+        after `after`, or with a jump entry (only known once that first one is read)."""
+        cached = sorted(seq for seq in known if after < seq <= upto)
+        if not cached or cached[-1] != upto or cached[-1] - cached[0] + 1 != len(cached):
+            return {}
+        found: dict[int, WalEntry] = {}
+        if cached[0] != after + 1:
+            first = await self.wal.get(known[cached[0]])
+            entry = self._decode(thread_id, first) if first is not None else None
+            if entry is None or entry.seq != cached[0] or not entry.jump:
+                return {}
+            found[entry.seq] = entry
+            cached = cached[1:]
+        for msg in await self.wal.get_many([known[seq] for seq in cached]):
+            entry = self._decode(thread_id, msg)
+            if entry is not None and after < entry.seq <= upto:
+                found[entry.seq] = entry
+        return found
 
     async def _walk(
         self, thread_id: str, after: int, upto: int, known: dict[int, int]

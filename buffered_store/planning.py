@@ -37,28 +37,52 @@ class Plan:
     """For GAP: the first missing seq (watermark + 1)."""
 
 
+def follows(entry: WalEntry, seq: int) -> bool:
+    """Whether `entry` applies right on top of a thread state at `seq`.
+
+    The next entry of a chain has seq + 1; a jump entry (a chain whose predecessor its
+    writer could not know) applies on top of any lower seq.
+    """
+    return entry.seq == seq + 1 or (entry.jump and entry.seq > seq)
+
+
+def chain_after(entries: Iterable[WalEntry], seq: int) -> list[WalEntry]:
+    """The entries that apply one after the other on top of `seq`, in order.
+
+    From `seq`, take the entry at seq + 1, else the lowest jump entry above; stop at the
+    first hole. Entries at or below `seq` and duplicates are ignored.
+    """
+    by_seq: dict[int, WalEntry] = {}
+    for entry in entries:
+        if entry.seq > seq:
+            by_seq.setdefault(entry.seq, entry)
+    jumps = sorted(s for s, entry in by_seq.items() if entry.jump)
+    chain: list[WalEntry] = []
+    while True:
+        nxt = by_seq.get(seq + 1)
+        if nxt is None:
+            later = [s for s in jumps if s > seq]
+            if not later:
+                return chain
+            nxt = by_seq[later[0]]
+        chain.append(nxt)
+        seq = nxt.seq
+
+
 def plan_entries(entries: Iterable[WalEntry], flushed_seq: int) -> Plan:
     """Sort, deduplicate and check a thread's entries against its flushed watermark.
 
     Entries at or below the watermark are dropped (stale, duplicated or redelivered);
-    the rest must run flushed_seq + 1, + 2, ... without a hole, else only the contiguous
+    the rest apply while they follow each other (`follows`), else only the contiguous
     prefix applies and a GAP is reported when even the first one is missing.
     """
-    by_seq: dict[int, WalEntry] = {}
-    for entry in entries:
-        if entry.seq > flushed_seq:
-            by_seq.setdefault(entry.seq, entry)
-    if not by_seq:
+    items = list(entries)
+    if not any(entry.seq > flushed_seq for entry in items):
         return Plan(PlanStatus.STALE, ())
-    ordered = [by_seq[seq] for seq in sorted(by_seq)]
-    if ordered[0].seq != flushed_seq + 1:
+    chain = chain_after(items, flushed_seq)
+    if not chain:
         return Plan(PlanStatus.GAP, (), missing_from=flushed_seq + 1)
-    contiguous = [ordered[0]]
-    for entry in ordered[1:]:
-        if entry.seq != contiguous[-1].seq + 1:
-            break
-        contiguous.append(entry)
-    return Plan(PlanStatus.APPLY, tuple(contiguous))
+    return Plan(PlanStatus.APPLY, tuple(chain))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,7 +159,7 @@ def fold(view: ThreadView, entries: Iterable[WalEntry]) -> ThreadView:
     for entry in sorted(entries, key=lambda e: e.seq):
         if entry.seq <= seq:
             continue
-        if entry.seq != seq + 1:
+        if not follows(entry, seq):
             raise CorruptEntryError(f"entry {entry.seq} does not follow seq {seq}")
         if entry.kind is EntryKind.DELETE:
             thread, messages, runs = None, [], {}

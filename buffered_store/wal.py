@@ -311,6 +311,29 @@ class Wal:
                 return None
         return _stored(raw)
 
+    async def hot_updates(self, prefix: str, from_seq: int) -> list[StoredMsg]:
+        """Messages of the hot bucket's stream on keys starting with `prefix`, from
+        `from_seq` on (each key appears once: the bucket keeps only its latest value).
+
+        `StoredMsg.subject` is the key. Costs one direct get per message returned.
+        """
+        stream = f"KV_{self.config.hot_bucket}"
+        head = f"$KV.{self.config.hot_bucket}."
+        found: list[StoredMsg] = []
+        seq = max(1, from_seq)
+        async with translated(f"scan hot records from {seq}"):
+            while True:
+                try:
+                    raw = await self.js.get_msg(
+                        stream, seq=seq, subject=f"{head}{prefix}>", next=True, direct=True
+                    )
+                except jse.NotFoundError:
+                    return found
+                msg = _stored(raw)
+                if msg.data:  # a delete or purge marker has no value
+                    found.append(StoredMsg(msg.seq, msg.subject[len(head) :], msg.data))
+                seq = msg.seq + 1
+
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
         """Messages at several stream seqs (absent ones skipped), fetched concurrently."""
         out: list[StoredMsg] = []

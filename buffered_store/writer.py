@@ -15,8 +15,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
+from buffered_store.checkpointing import jump_seq
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.entry import (
     EntryKind,
@@ -26,6 +28,7 @@ from buffered_store.entry import (
     decode_entry,
     decode_hot,
     encode_hot,
+    seeded_hot,
 )
 from buffered_store.errors import (
     ConflictError,
@@ -34,6 +37,8 @@ from buffered_store.errors import (
 )
 from buffered_store.keys import hot_key, msg_id, run_key, wal_subject
 from buffered_store.messages import apply_delta
+from buffered_store.planning import follows
+from buffered_store.records import utcnow
 from buffered_store.target import StoredThread
 from buffered_store.wal import StoredMsg, Wal
 
@@ -57,7 +62,9 @@ class Cursor:
     snapshot: list[bytes] | None
     """Canonical message bytes at `seq`, when known (None: send a full snapshot)."""
     runs: set[str] = field(default_factory=set)
-    """Run ids already indexed in KV by this instance."""
+    """Run ids already claimed for this thread in KV by this instance."""
+    jump: bool = False
+    """The thread's stored seq could not be read: the next entry jumps (see `jump_seq`)."""
 
 
 class CursorCache:
@@ -136,10 +143,12 @@ class Writer:
         config: BufferedStoreConfig,
         *,
         seed: Callable[[str], Awaitable[StoredThread | None]] | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.wal = wal
         self.config = config
         self._seed = seed
+        self._clock = clock
         self.cursors = CursorCache(config.cursor_cache_threads)
         self.conflicts = 0
         self.wal_bytes = 0
@@ -160,11 +169,12 @@ class Writer:
         return cursor
 
     async def load_cursor(self, thread_id: str, old: Cursor | None) -> Cursor:
-        """Rebuild the cursor from the hot record and the subject's last message.
+        """Rebuild the cursor from the hot record and the entries on the thread's subject.
 
-        The stream is the source of truth for seqs: when its last entry is newer than the
-        hot record (a writer died between its publish and its KV update), the entries in
-        between are walked and folded in, so their seqs are never reused.
+        The stream is the source of truth for seqs: when the subject holds entries the hot
+        record does not cover (a writer's KV update was lost, or it died between its
+        publish and its KV update, or there is no hot record at all), they are walked and
+        folded in, whatever seq the first of them has, so their seqs are never reused.
         """
         subject = self.subject(thread_id)
         value, last = await asyncio.gather(
@@ -172,48 +182,42 @@ class Writer:
         )
         hot = decode_hot(value.value) if value else None
         revision = value.revision if value else None
+        runs = old.runs if old else set()
+        if last is None and hot is None:
+            return await self._cold_cursor(thread_id, runs)
         snapshot = _known_snapshot(hot, old)
-        if last is None and hot is None and self._seed is not None:
-            # The WAL has never seen this thread; the inner store may have (data written
-            # before the buffered store was put in front of it). Continue its seqs there,
-            # or the flush would judge our entries stale.
-            stored = await self._seed(thread_id)
-            if stored is not None and stored.flushed_seq > 0:
-                return Cursor(
-                    seq=stored.flushed_seq,
-                    stream_seq=0,
-                    hot=HotRecord(seq=stored.flushed_seq, stream_seq=0, thread=stored.thread),
-                    revision=None,
-                    snapshot=list(stored.messages or []),
-                    runs=old.runs if old else set(),
-                )
         if last is None or (hot is not None and last.seq == hot.stream_seq):
-            return Cursor(
-                seq=hot.seq if hot else 0,
-                stream_seq=last.seq if last else 0,
-                hot=hot,
-                revision=revision,
-                snapshot=snapshot,
-                runs=old.runs if old else set(),
-            )
+            seq = hot.seq if hot else 0
+            stream_seq = last.seq if last else 0
+            return Cursor(seq, stream_seq, hot, revision, snapshot, runs)
         record = hot
         msg: StoredMsg | None = await self.wal.next_on(subject, hot.stream_seq + 1 if hot else 1)
         while msg is not None:
             entry = _entry_of(thread_id, msg)
-            if entry is not None and entry.seq == (record.seq if record else 0) + 1:
+            if entry is not None and (record is None or follows(entry, record.seq)):
+                snapshot = _advance_snapshot(snapshot if record else [], entry)
                 record = advance_hot(record, entry, msg.seq, window=self.config.recent_window)
-                snapshot = _advance_snapshot(snapshot, entry)
             if msg.seq >= last.seq:
                 break
             msg = await self.wal.next_on(subject, msg.seq + 1)
-        return Cursor(
-            seq=record.seq if record else 0,
-            stream_seq=last.seq,
-            hot=record,
-            revision=revision,
-            snapshot=snapshot,
-            runs=old.runs if old else set(),
-        )
+        return Cursor(record.seq if record else 0, last.seq, record, revision, snapshot, runs)
+
+    async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor:
+        """The cursor of a thread the WAL has never seen (no entry, no hot record).
+
+        The inner store may hold it (data written before the buffered store was put in
+        front of it): its seqs continue there, or the flush would judge our entries stale.
+        When the inner store cannot tell (it is down), the first entry jumps.
+        """
+        if self._seed is None:
+            return Cursor(0, 0, None, None, [], runs)
+        stored = await self._seed(thread_id)
+        if stored is None:
+            return Cursor(jump_seq(self._clock()), 0, None, None, [], runs, jump=True)
+        if stored.flushed_seq == 0:
+            return Cursor(0, 0, None, None, [], runs)
+        hot = seeded_hot(stored.flushed_seq, stored.thread)
+        return Cursor(stored.flushed_seq, 0, hot, None, list(stored.messages or []), runs)
 
     async def append(
         self,
@@ -262,11 +266,13 @@ class Writer:
                 )
             except ConflictError:
                 # Servers check the expected sequence before deduplicating, so a retry of a
-                # publish that did land comes back as a conflict: look whether it is ours.
+                # publish that did land comes back as a conflict. Had it landed, it is the
+                # first message after the one it expected (other writers may have appended
+                # on top since): look there whether it is ours.
                 if resent:
-                    last = await self.wal.last_on(subject)
-                    if last is not None and _is_ours(last, entry):
-                        return last.seq
+                    landed = await self.wal.next_on(subject, cursor.stream_seq + 1)
+                    if landed is not None and _is_ours(landed, entry):
+                        return landed.seq
                 raise
             except WalUnavailableError:
                 await asyncio.sleep(delay)  # the checkpoint's timeout bounds these retries

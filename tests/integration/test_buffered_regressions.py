@@ -1,0 +1,276 @@
+"""Regressions of issue 9: acknowledged checkpoints that were lost, deletes that did not
+delete, a retried publish that reverted another writer, list reads that walked the whole
+stream, and run ids that moved between threads. Each test failed before its fix.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from buffered_store.buffered import BufferedThreadRunStore
+from buffered_store.errors import (
+    CommitUnknownError,
+    DatabaseUnavailableError,
+    RunOwnershipError,
+    WalUnavailableError,
+)
+from buffered_store.flushing import ThreadLog
+from buffered_store.keys import wal_subject
+from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.records import CheckpointReceipt
+from buffered_store.target import StoredThread
+from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.writer import Writer
+from tests.integration.conftest import InnerPair, StoreFactory, SubjectCounter
+
+
+def tid(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def fail_next_hot_update(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the next `Writer.advance_hot` (the KV update after the publish) fail once."""
+    real = Writer.advance_hot
+    failures: list[int] = []
+
+    async def advance_hot(self: Writer, thread_id: str, record: Any, revision: Any) -> int:
+        if not failures:
+            failures.append(record.seq)
+            raise WalUnavailableError("KV unreachable (injected)")
+        return await real(self, thread_id, record, revision)
+
+    monkeypatch.setattr(Writer, "advance_hot", advance_hot)
+    return failures
+
+
+async def wal_seqs(store: BufferedThreadRunStore, thread_id: str) -> list[int]:
+    """Thread seqs of every decodable entry on the thread's subject, in stream order."""
+    log = ThreadLog(store.wal, store.config)
+    subject = wal_subject(store.config.stream_name, thread_id)
+    seqs: list[int] = []
+    msg = await store.wal.next_on(subject, 1)
+    while msg is not None:
+        entry = log._decode(thread_id, msg)
+        if entry is not None:
+            seqs.append(entry.seq)
+        msg = await store.wal.next_on(subject, msg.seq + 1)
+    return seqs
+
+
+# -- finding 1: legacy threads -------------------------------------------------------------
+
+
+async def test_legacy_thread_after_a_lost_hot_update_continues_its_seqs(
+    open_store: StoreFactory, inner_pair: InnerPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread already in the inner store at seq 3; its first buffered checkpoint (seq 4)
+    lands but its hot-record update is lost. Another instance must continue at seq 5, not
+    restart at 1 (which the flush would judge stale: acknowledged data silently dropped)."""
+    first_inner, second_inner = inner_pair
+    thread = tid()
+    run = make_run(thread)
+    for n in range(1, 4):
+        await first_inner.checkpoint(thread, make_messages(n), run)
+    writer = await open_store(first_inner, drain_on_close=False)
+    fail_next_hot_update(monkeypatch)
+    with pytest.raises(CommitUnknownError) as caught:
+        await writer.checkpoint(thread, make_messages(4), run)
+    monkeypatch.undo()
+    assert caught.value.thread_seq == 4
+
+    other = await open_store(second_inner, drain_on_close=False)
+    receipt = await other.checkpoint(thread, make_messages(6), run.replace(steps=6))
+    assert receipt.thread_seq == 5
+    assert await other.load_messages(thread) == make_messages(6)
+    assert await other.force_flush(thread) == 5
+    assert await second_inner.load_messages(thread) == make_messages(6)
+    status = await other.flush_status(thread)
+    assert (status.latest_seq, status.flushed_seq, status.pending) == (5, 5, 0)
+    assert await wal_seqs(other, thread) == [4, 5]
+
+
+class SeedFailingTarget(FaultyFlushTarget):
+    """An inner store whose thread reads fail, as when the database is down."""
+
+    def __init__(self, inner: InnerStore) -> None:
+        super().__init__(inner)
+        self.down = True
+
+    async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
+        if self.down:
+            raise DatabaseUnavailableError("database down (injected)")
+        return await super().read_thread(thread_id, with_messages=with_messages)
+
+
+async def test_legacy_thread_first_written_while_the_database_is_down(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """The first buffered checkpoint of a thread the inner store holds at seq 3, while the
+    inner store cannot be read: it is accepted (the WAL does not need the database) and
+    must neither restart at seq 1 (judged stale by the flush) nor hide behind the stored
+    state in reads; the flush lands it over the legacy rows, legacy runs kept."""
+    first_inner, second_inner = inner_pair
+    thread = tid()
+    legacy_run = make_run(thread)
+    for n in range(1, 4):
+        await first_inner.checkpoint(thread, make_messages(n), legacy_run)
+    down = SeedFailingTarget(first_inner)
+    writer = await open_store(down, drain_on_close=False)
+    run = make_run(thread)
+    first = await writer.checkpoint(thread, make_messages(2, start=100), run)
+    assert first.thread_seq > 3
+    second = await writer.checkpoint(thread, make_messages(3, start=100), run.replace(steps=2))
+    assert second.thread_seq == first.thread_seq + 1
+
+    reader = await open_store(second_inner, drain_on_close=False)
+    assert await reader.load_messages(thread) == make_messages(3, start=100)
+    found = await reader.load_thread(thread)
+    assert found is not None
+    assert (found.latest_run_id, found.message_count) == (run.run_id, 3)
+    assert await reader.force_flush(thread) == second.thread_seq
+    assert await second_inner.load_messages(thread) == make_messages(3, start=100)
+    assert {r.run_id for r in await second_inner.list_runs(thread)} == {
+        legacy_run.run_id,
+        run.run_id,
+    }
+    status = await reader.flush_status(thread)
+    assert (status.latest_seq, status.pending) == (second.thread_seq, 0)
+
+    down.down = False  # back up: the thread's later checkpoints follow on as usual
+    third = await writer.checkpoint(thread, make_messages(4, start=100), run.replace(steps=3))
+    assert third.thread_seq == second.thread_seq + 1
+    assert await reader.load_messages(thread) == make_messages(4, start=100)
+
+
+# -- finding 3: delete ---------------------------------------------------------------------
+
+
+async def test_delete_sees_a_recreation_by_another_instance(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """Instance B deleted the thread (its cache says "deleted"); instance A re-creates it
+    (unflushed). B's next delete must delete it, not trust its cache and return."""
+    a = await open_store(inner, drain_on_close=False)
+    b = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    await b.checkpoint(thread, make_messages(1), make_run(thread))
+    await b.delete_thread(thread)
+    await a.checkpoint(thread, make_messages(2), make_run(thread))
+    assert await b.load_messages(thread) == make_messages(2)
+
+    await b.delete_thread(thread)
+    assert await a.load_thread(thread) is None
+    assert await b.load_messages(thread) is None
+    await a.force_flush(thread)
+    assert await inner.load_thread(thread) is None
+
+
+# -- finding 4: lost publish ack with another writer on top -------------------------------
+
+
+async def test_retry_after_a_lost_ack_finds_its_entry_under_another_writers(
+    open_store: StoreFactory, subject_counts: SubjectCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's publish lands but its ack is lost; before A retries, B appends on top. A's
+    retry must recognise its own entry (one message back, not the subject's last) instead
+    of publishing the same checkpoint again above B's, which would revert B."""
+    inner = InMemoryThreadRunStore()
+    a = await open_store(inner, drain_on_close=False)
+    b = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    run = make_run(thread)
+    await a.checkpoint(thread, make_messages(1), run)
+    real_publish = a.wal.publish
+    b_receipts: list[CheckpointReceipt] = []
+
+    async def publish_then_lose_ack(subject: str, payload: bytes, **kw: Any) -> tuple[int, bool]:
+        result = await real_publish(subject, payload, **kw)
+        if not b_receipts:
+            b_receipts.append(await b.checkpoint(thread, make_messages(3, start=50), run))
+            raise WalUnavailableError("ack lost (injected)")
+        return result
+
+    monkeypatch.setattr(a.wal, "publish", publish_then_lose_ack)
+    mine = await a.checkpoint(thread, make_messages(2), run)
+    monkeypatch.undo()
+    assert (mine.thread_seq, b_receipts[0].thread_seq) == (2, 3)
+    assert (await subject_counts(a)).get(wal_subject(a.config.stream_name, thread)) == 3
+    assert await wal_seqs(a, thread) == [1, 2, 3]
+    assert await a.load_messages(thread) == make_messages(3, start=50)
+    await a.force_flush(thread)
+    assert await inner.load_messages(thread) == make_messages(3, start=50)
+
+
+# -- finding 5: list reads bounded by pending threads ------------------------------------
+
+
+async def test_list_reads_cost_pending_threads_not_pending_entries(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """One thread with 300 unflushed entries, another with 200 entries flushed by
+    force_flush (which does not ack: with no flusher ever running, the consumer's tail is
+    the whole stream). Finding the pending threads costs O(pending threads) NATS requests:
+    list_threads and list_runs read no entry at all, force_flush_all reads only the
+    pending thread's entries (which it must apply)."""
+    store = await open_store(inner, drain_on_close=False)
+    busy, quiet = tid("busy"), tid("quiet")
+    run = make_run(busy)
+    quiet_run = make_run(quiet)
+    for n in range(1, 201):
+        await store.checkpoint(quiet, make_messages(n % 3 + 1), quiet_run.replace(steps=n))
+    await store.force_flush(quiet)
+    for n in range(1, 301):
+        await store.checkpoint(busy, make_messages(n % 5 + 1), run.replace(steps=n))
+
+    def cost() -> int:
+        return int(store.stats()["nats_requests"])
+
+    before = cost()
+    threads = await store.list_threads()
+    assert [t.thread_id for t in threads] == [busy, quiet]
+    assert cost() - before <= 12, f"list_threads cost {cost() - before} requests"
+    before = cost()
+    runs = await store.list_runs()
+    assert {r.run_id: r.steps for r in runs}[run.run_id] == 300
+    assert cost() - before <= 12, f"list_runs cost {cost() - before} requests"
+    before = cost()
+    assert await store.force_flush_all() == 1
+    assert await inner.load_messages(busy) == make_messages(300 % 5 + 1)
+    assert cost() - before <= 300 + 20, f"force_flush_all cost {cost() - before}"
+    before = cost()
+    assert await store.force_flush_all() == 0
+    assert cost() - before <= 8
+
+
+# -- finding 6: a run id stays on its thread ----------------------------------------------
+
+
+async def test_run_id_reused_on_another_thread_is_refused(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """A run checkpointed on thread A cannot be checkpointed on thread B (from any
+    instance): RunOwnershipError names A, and nothing is written for B. Once A is
+    deleted the run is gone, and B may use the id."""
+    a_store = await open_store(inner, drain_on_close=False)
+    b_store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    await a_store.checkpoint(a, make_messages(1), make_run(a, "shared-run"))
+    with pytest.raises(RunOwnershipError) as caught:
+        await b_store.checkpoint(b, make_messages(1), make_run(b, "shared-run"))
+    assert caught.value.owner_thread_id == a
+    assert caught.value.run_id == "shared-run"
+    assert await b_store.load_thread(b) is None
+    assert (await b_store.flush_status(b)).latest_seq == 0
+    found = await b_store.load_run("shared-run")
+    assert found is not None
+    assert found.thread_id == a
+
+    await a_store.delete_thread(a)
+    receipt = await b_store.checkpoint(b, make_messages(1), make_run(b, "shared-run"))
+    assert receipt.thread_seq == 1
+    moved = await a_store.load_run("shared-run")
+    assert moved is not None
+    assert moved.thread_id == b

@@ -1,0 +1,201 @@
+"""Pure rules behind issue 9's fixes: jump entries (a chain whose base is unknown), the
+runs a hot record carries, and the pending-thread floor."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from buffered_store.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    jump_seq,
+    validate_checkpoint,
+)
+from buffered_store.entry import (
+    RUNS_WINDOW,
+    EntryKind,
+    HotRecord,
+    WalEntry,
+    advance_hot,
+    decode_entry,
+    decode_hot,
+    encode_entry,
+    encode_hot,
+    seeded_hot,
+)
+from buffered_store.errors import CorruptEntryError
+from buffered_store.messages import encode_messages
+from buffered_store.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
+from buffered_store.planning import PlanStatus, ThreadView, chain_after, fold, plan_entries
+from buffered_store.records import RunRecord
+from buffered_store.testing import make_messages, make_run
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def entry(
+    seq: int, *, jump: bool = False, keep: int = 0, n: int = 1, run: RunRecord | None = None
+) -> WalEntry:
+    call = validate_checkpoint("t", make_messages(n), run or make_run("t", "r"), None)
+    built = build_checkpoint_entry(
+        call, previous=None, previous_messages=None, seq=seq, now=T0, jump=jump
+    )
+    if keep:
+        return WalEntry(
+            thread_id="t",
+            seq=seq,
+            kind=EntryKind.CHECKPOINT,
+            at=T0,
+            keep=keep,
+            messages=built.messages[keep:],
+            message_count=built.message_count,
+            run=built.run,
+            created_at=T0,
+        )
+    return built
+
+
+# -- jump entries ---------------------------------------------------------------------------
+
+
+def test_jump_seq_is_microseconds_and_grows_faster_than_any_chain() -> None:
+    assert jump_seq(T0) == int(T0.timestamp()) * 1_000_000
+    # A later jump (a second later) lies above a chain of a million checkpoints started
+    # by the earlier one.
+    assert jump_seq(T0 + timedelta(seconds=1)) > jump_seq(T0) + 999_999
+
+
+def test_jump_entry_round_trips_and_must_carry_the_whole_snapshot() -> None:
+    jumped = entry(jump_seq(T0) + 1, jump=True, n=3)
+    decoded = decode_entry(encode_entry(jumped))
+    assert decoded.jump
+    assert decoded.keep == 0
+    assert decoded.message_count == 3
+    assert not decode_entry(encode_entry(entry(2))).jump
+    forged = encode_entry(entry(5, keep=1, n=3)).replace(b'"w":""', b'"w":"","j":true')
+    with pytest.raises(CorruptEntryError, match="full snapshot"):
+        decode_entry(forged)
+
+
+def test_a_jump_entry_ignores_what_the_writer_knew() -> None:
+    call = validate_checkpoint("t", make_messages(4), make_run("t"), None)
+    previous = entry(1, n=3).thread
+    built = build_checkpoint_entry(
+        call,
+        previous=previous,
+        previous_messages=encode_messages(make_messages(3), None),
+        seq=9,
+        now=T0,
+        jump=True,
+    )
+    assert (built.keep, len(built.messages), built.jump) == (0, 4, True)
+
+
+def test_jump_delete_entry() -> None:
+    deleted = build_delete_entry("t", seq=7, now=T0, jump=True)
+    assert decode_entry(encode_entry(deleted)).jump
+
+
+def test_plan_applies_a_jump_over_any_lower_watermark() -> None:
+    base = jump_seq(T0)
+    chain = [entry(base + 1, jump=True), entry(base + 2), entry(base + 3)]
+    plan = plan_entries(reversed(chain), 3)
+    assert plan.status is PlanStatus.APPLY
+    assert [e.seq for e in plan.entries] == [base + 1, base + 2, base + 3]
+    # Without the jump flag the same seqs are a gap above watermark 3.
+    plain = [entry(base + 1), entry(base + 2)]
+    assert plan_entries(plain, 3).status is PlanStatus.GAP
+    # At or below the watermark a jump is stale like any entry.
+    assert plan_entries(chain, base + 3).status is PlanStatus.STALE
+
+
+def test_chain_after_prefers_the_next_seq_and_stops_at_a_hole() -> None:
+    assert [e.seq for e in chain_after([entry(4), entry(2), entry(3), entry(6)], 1)] == [2, 3, 4]
+    assert chain_after([entry(3)], 1) == []
+    jumped = chain_after([entry(100, jump=True), entry(101), entry(2)], 1)
+    assert [e.seq for e in jumped] == [2, 100, 101]
+
+
+def test_fold_accepts_a_jump_and_rejects_a_plain_hole() -> None:
+    view = ThreadView(seq=3, thread=None, messages=[b'{"role":"user"}'], runs={})
+    folded = fold(view, [entry(50, jump=True, n=2), entry(51, n=3)])
+    assert folded.seq == 51
+    assert len(folded.messages) == 3
+    with pytest.raises(CorruptEntryError):
+        fold(view, [entry(50, n=2)])
+
+
+# -- runs carried by the hot record -------------------------------------------------------
+
+
+def test_hot_record_keeps_the_latest_version_of_recent_runs() -> None:
+    record: HotRecord | None = None
+    runs = [make_run("t", f"r{i}") for i in range(RUNS_WINDOW + 2)]
+    for seq, run in enumerate([runs[0], runs[0], runs[1]], start=1):
+        record = advance_hot(record, entry(seq, run=run.replace(steps=seq)), seq, window=8)
+    assert record is not None
+    assert [(r.run_id, r.steps, s) for r, s in record.runs] == [("r1", 3, 3), ("r0", 2, 2)]
+    assert record.runs_from == 1
+    assert record.covers_runs_after(0)
+    for seq, run in enumerate(runs[2:], start=4):
+        record = advance_hot(record, entry(seq, run=run), seq, window=8)
+    assert len(record.runs) == RUNS_WINDOW
+    # r0 (last written at 2) and r1 (at 3) fell out: only seqs from 4 on are covered.
+    assert record.runs_from == 4
+    assert record.covers_runs_after(3)
+    assert not record.covers_runs_after(2)
+    assert decode_hot(encode_hot(record)) == record
+
+
+def test_hot_record_after_a_delete_and_a_jump() -> None:
+    record = advance_hot(None, entry(1, run=make_run("t", "a")), 10, window=8)
+    deleted = advance_hot(record, build_delete_entry("t", seq=2, now=T0), 11, window=8)
+    assert (deleted.thread, deleted.runs, deleted.deleted_seq) == (None, (), 2)
+    jumped = advance_hot(deleted, entry(90, jump=True, run=make_run("t", "b")), 12, window=8)
+    assert [r.run_id for r, _ in jumped.runs] == ["b"]
+    assert jumped.runs_from == 90
+    assert jumped.deleted_seq == 2
+
+
+def test_seeded_and_old_hot_records_cover_nothing_unflushed() -> None:
+    seeded = seeded_hot(5, None)
+    assert seeded.covers_runs_after(5)
+    assert not seeded.covers_runs_after(4)
+    old = decode_hot(b'{"s":3,"ss":9,"th":null,"r":[[3,9]]}')
+    assert old.runs == ()
+    assert not old.covers_runs_after(2)
+
+
+# -- pending floor --------------------------------------------------------------------------
+
+
+def hot_at(thread_id: str, kv_seq: int) -> HotAt:
+    return HotAt(thread_id, kv_seq, HotRecord(seq=1, stream_seq=1, thread=None))
+
+
+def test_floor_moves_past_everything_read_when_nothing_is_pending() -> None:
+    assert plan_floor(Floor(5, ("x",)), [], 40) == Floor(41, ())
+    assert plan_floor(Floor(5), [], 4) == Floor(5)
+
+
+def test_floor_holds_pending_threads_below_it() -> None:
+    floor = plan_floor(Floor(5), [hot_at("b", 30), hot_at("a", 12)], 40)
+    assert floor == Floor(41, ("a", "b"))
+
+
+def test_floor_stops_at_the_first_pending_thread_it_cannot_hold() -> None:
+    pending = [hot_at(f"t{i}", 10 + i) for i in range(5)]
+    floor = plan_floor(Floor(1), pending, 100, max_held=3)
+    assert floor == Floor(13, ("t0", "t1", "t2"))
+    # The floor never moves back, even when the held threads sit below it.
+    again = plan_floor(floor, [hot_at("t0", 10), *pending[3:]], 12, max_held=3)
+    assert again.kv_seq >= floor.kv_seq
+
+
+def test_floor_round_trips() -> None:
+    floor = Floor(17, ("a", "b"))
+    assert decode_floor(encode_floor(floor)) == floor
+    with pytest.raises(CorruptEntryError):
+        decode_floor(b"{}")
