@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     IntegerType,
     LongType,
     StringType,
@@ -94,6 +95,7 @@ ENTRY_SCHEMA = StructType(
         StructField("stream_seq", LongType()),
         StructField("at", TimestampType()),
         StructField("keep", IntegerType()),
+        StructField("jump", BooleanType()),
         StructField("message_count", IntegerType()),
         StructField("created_at", TimestampType()),
         StructField("parent_thread_id", StringType()),
@@ -256,6 +258,7 @@ def entry_row(entry: WalEntry) -> dict[str, Any]:
         "stream_seq": entry.stream_seq,
         "at": entry.at,
         "keep": entry.keep,
+        "jump": entry.jump,
         "message_count": entry.message_count,
         "created_at": thread.created_at if thread else None,
         "parent_thread_id": thread.parent_thread_id if thread else None,
@@ -397,7 +400,8 @@ def condense_tail(entries: Iterable[Mapping[str, Any]]) -> Condensed:
     """Fold the tail's entries (rows of `ENTRY_SCHEMA` as dicts) per thread. Pure.
 
     Per thread: the newest seq ``b``; the first seq of the contiguous run of seqs ending
-    at ``b`` (an entry missing below it is a gap); the last delete; the summary at ``b``;
+    at ``b`` (an entry missing below it is a gap; 1 when the run starts with a jump entry,
+    which follows any watermark); the last delete; the summary at ``b``;
     for each message position below the count at ``b`` that an entry wrote, the newest
     such entry and its message. Those positions are contiguous, from the lowest `keep`
     after the last delete: every later entry keeps at most what exists, so the newest
@@ -418,8 +422,10 @@ def condense_tail(entries: Iterable[Mapping[str, Any]]) -> Condensed:
         by_seq = groups[thread_id]
         seqs = sorted(by_seq)
         first = seqs[-1]
-        while first - 1 in by_seq:
+        while first - 1 in by_seq and not by_seq[first].get("jump"):
             first -= 1
+        if by_seq[first].get("jump"):
+            first = 1  # a chain started by a jump applies on top of any lower watermark
         cells: dict[int, dict[str, Any]] = {}
         deleted_at = 0
         for seq in seqs:

@@ -140,6 +140,49 @@ def test_a_missing_entry_below_the_newest_moves_the_first_seq_up() -> None:
     assert (overlay["ov_first_seq"], overlay["ov_seq"]) == (4, 6)
 
 
+def test_a_chain_started_by_a_jump_applies_over_any_watermark() -> None:
+    """A legacy thread stored at seq 3 whose buffered chain jumped (its writer could not
+    read the stored seq): the merge equals the fold, and no gap is reported."""
+    legacy = history(random.Random(7), 3)
+    stored = stored_view(legacy, 3)
+    base = 10**15
+    rows = [
+        encode_messages([{"role": "user", "content": f"j{i}"} for i in range(n)])
+        for n in (2, 3)
+    ]
+    chain = [
+        WalEntry(
+            thread_id="t",
+            seq=base + 1,
+            kind=EntryKind.CHECKPOINT,
+            at=AT,
+            messages=rows[0],
+            message_count=2,
+            run=RunRecord(run_id="new", thread_id="t", agent_id="a"),
+            jump=True,
+            stream_seq=500,
+        ),
+        WalEntry(
+            thread_id="t",
+            seq=base + 2,
+            kind=EntryKind.CHECKPOINT,
+            at=AT,
+            keep=2,
+            messages=rows[1][2:],
+            message_count=3,
+            run=RunRecord(run_id="new", thread_id="t", agent_id="a", steps=2),
+            stream_seq=501,
+        ),
+    ]
+    condensed = condense_tail(as_dict(e) for e in chain)
+    assert condensed.threads[0]["ov_first_seq"] == 1
+    expected = fold(stored, chain)
+    messages, runs = merged(condensed, stored, 3)
+    assert messages == expected.messages == rows[1]
+    assert runs == {run_id: seq for run_id, (_, seq) in expected.runs.items()}
+    assert set(runs) == {"new", *stored.runs}
+
+
 def test_a_run_reused_by_another_thread_belongs_to_the_later_write() -> None:
     def entry(thread_id: str, seq: int, stream_seq: int) -> dict[str, Any]:
         run = RunRecord(run_id="shared", thread_id=thread_id, agent_id="a")
