@@ -147,8 +147,7 @@ def test_a_chain_started_by_a_jump_applies_over_any_watermark() -> None:
     stored = stored_view(legacy, 3)
     base = 10**15
     rows = [
-        encode_messages([{"role": "user", "content": f"j{i}"} for i in range(n)])
-        for n in (2, 3)
+        encode_messages([{"role": "user", "content": f"j{i}"} for i in range(n)]) for n in (2, 3)
     ]
     chain = [
         WalEntry(
