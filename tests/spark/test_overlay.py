@@ -7,6 +7,7 @@ import random
 import pytest
 from pyspark.sql import SparkSession
 
+from buffered_store.errors import RunOwnershipError
 from buffered_store.records import ReadConsistency, RunRecord, RunStatus
 from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
 from buffered_store.spark.overlay import read_tables, read_wal_tail
@@ -189,16 +190,19 @@ async def test_random_histories_match_the_store_and_then_the_flushed_tables(
     assert spark_view(read_tables(spark, env.source, ReadConsistency.EVENTUAL)) == ryw
 
 
-async def test_a_run_moved_to_another_thread_shows_where_the_flush_puts_it(
+async def test_a_run_id_reused_on_another_thread_stays_where_it_is(
     env: StoreEnv, spark: SparkSession
 ) -> None:
+    """The store refuses a run id already used by another thread (nothing is written), so
+    Spark, read-your-writes or after a flush, shows the run on its owner."""
     store = env.store
     await store.checkpoint("a", make_messages(1), make_run("a", "shared", steps=5))
     await store.force_flush("a")
-    await store.checkpoint("b", make_messages(2), make_run("b", "shared", steps=1))
+    with pytest.raises(RunOwnershipError):
+        await store.checkpoint("b", make_messages(2), make_run("b", "shared", steps=1))
 
     before = spark_view(read_tables(spark, env.source))
-    assert before.runs["shared"][:2] == ("b", "agent")
+    assert before.runs["shared"][:2] == ("a", "agent")
     await store.force_flush_all()
     assert spark_view(read_tables(spark, env.source, ReadConsistency.EVENTUAL)) == before
 
