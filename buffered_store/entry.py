@@ -166,6 +166,9 @@ def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
 
 RUNS_WINDOW = 4
 """Distinct runs whose latest version a hot record carries."""
+HOT_RUN_MAX_BYTES = 4096
+"""Largest run (as JSON) a hot record carries; a larger one is read from its entry, so
+the hot record stays small whatever a run's `output` holds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -220,7 +223,11 @@ def advance_hot(
         runs, runs_from, deleted_seq = (), entry.seq, entry.seq
     elif entry.run is not None:
         run_id = entry.run.run_id
-        runs = ((entry.run, entry.seq), *(item for item in runs if item[0].run_id != run_id))
+        others = tuple(item for item in runs if item[0].run_id != run_id)
+        if len(orjson.dumps(entry.run.to_json())) > HOT_RUN_MAX_BYTES:
+            runs, runs_from = others, entry.seq + 1
+        else:
+            runs = ((entry.run, entry.seq), *others)
         if len(runs) > RUNS_WINDOW:
             dropped = max(seq for _, seq in runs[RUNS_WINDOW:])
             runs, runs_from = runs[:RUNS_WINDOW], max(runs_from, dropped + 1)

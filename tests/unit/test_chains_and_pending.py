@@ -14,6 +14,7 @@ from buffered_store.checkpointing import (
     validate_checkpoint,
 )
 from buffered_store.entry import (
+    HOT_RUN_MAX_BYTES,
     RUNS_WINDOW,
     EntryKind,
     HotRecord,
@@ -147,6 +148,20 @@ def test_hot_record_keeps_the_latest_version_of_recent_runs() -> None:
     assert record.covers_runs_after(3)
     assert not record.covers_runs_after(2)
     assert decode_hot(encode_hot(record)) == record
+
+
+def test_hot_record_leaves_out_a_large_run() -> None:
+    """A run whose JSON exceeds HOT_RUN_MAX_BYTES stays in its entry only: the hot record
+    (one KV value, bounded by the server's max payload) never grows with run outputs."""
+    small = make_run("t", "small")
+    big = make_run("t", "big", output="x" * HOT_RUN_MAX_BYTES)
+    record = advance_hot(None, entry(1, run=small), 10, window=8)
+    record = advance_hot(record, entry(2, run=big), 11, window=8)
+    assert [r.run_id for r, _ in record.runs] == ["small"]
+    assert record.runs_from == 3
+    assert not record.covers_runs_after(1)
+    assert record.covers_runs_after(2)
+    assert len(encode_hot(record)) < 2 * HOT_RUN_MAX_BYTES
 
 
 def test_hot_record_after_a_delete_and_a_jump() -> None:
