@@ -44,14 +44,19 @@ from buffered_store.checkpointing import (
 from buffered_store.entry import WalEntry
 from buffered_store.errors import StoreError
 from buffered_store.planning import coalesce
-from buffered_store.postgres_reads import PostgresReads
+from buffered_store.postgres_errors import DbFailure
+from buffered_store.postgres_reads import PostgresReads, failure_of
 from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread, utcnow
 from buffered_store.target import ApplyOutcome, ApplyStatus
 
 __all__ = ["PostgresThreadRunStore"]
 
-_DATA_ERRORS = (sa_exc.IntegrityError, sa_exc.DataError)
-"""Errors caused by the data of one thread: that thread FAILS, the others go on."""
+
+def _is_data_error(error: BaseException) -> bool:
+    """Whether the database rejected the data of the statement (by SQLSTATE, so also an
+    index row too large, which psycopg raises as an OperationalError): inside `apply()`
+    that thread FAILS, not retriable, and the others go on."""
+    return isinstance(error, sa_exc.DBAPIError) and failure_of(error) is DbFailure.DATA
 
 
 def _json_dumps(value: Any) -> str:
@@ -346,7 +351,9 @@ class PostgresThreadRunStore(PostgresReads):
         with self._guard():
             try:
                 done = await self._apply_all(batches, order, savepoints=False)
-            except _DATA_ERRORS:
+            except sa_exc.DBAPIError as error:
+                if not _is_data_error(error):
+                    raise
                 # Savepoints cost two round trips per thread, so they are only paid for
                 # once a thread's data was rejected: redo the call isolating each thread.
                 done = await self._apply_all(batches, order, savepoints=True)
@@ -398,8 +405,8 @@ class PostgresThreadRunStore(PostgresReads):
                         if isinstance(planned, ApplyOutcome):
                             return planned, 0
                 await self._write_locked(conn, planned.write)
-        except _DATA_ERRORS as error:
-            if not savepoints:
+        except sa_exc.DBAPIError as error:
+            if not savepoints or not _is_data_error(error):
                 raise
             return codec.failed(thread_id, base.flushed_seq, error), 0
         return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries
