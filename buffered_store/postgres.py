@@ -39,10 +39,11 @@ from buffered_store.checkpointing import (
     CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
+    run_owned_elsewhere,
     validate_checkpoint,
 )
 from buffered_store.entry import WalEntry
-from buffered_store.errors import StoreError
+from buffered_store.errors import RunOwnershipError, StoreError
 from buffered_store.planning import coalesce
 from buffered_store.postgres_errors import DbFailure
 from buffered_store.postgres_reads import PostgresReads, failure_of
@@ -207,8 +208,18 @@ class PostgresThreadRunStore(PostgresReads):
         return applied
 
     async def _write_locked(self, conn: AsyncConnection, write: codec.Write) -> None:
-        if not await self._write(conn, write):  # pragma: no cover - we hold the row lock
-            raise StoreError(f"thread {write.thread_id!r} changed under its lock")
+        """Execute a write under the thread's lock: its watermark cannot have moved, so a
+        failed gate means another thread owns one of its runs (`RunOwnershipError`)."""
+        if await self._write(conn, write):
+            return
+        if write.run_ids:
+            params = sql.bind(thread_id=write.thread_id, run_ids=list(write.run_ids))
+            owned = (await self._execute(conn, sql.SELECT_RUN_OWNERS, params)).first()
+            if owned is not None:
+                raise run_owned_elsewhere(owned.run_id, owned.thread_id, write.thread_id)
+        raise StoreError(  # pragma: no cover - we hold the row lock
+            f"thread {write.thread_id!r} changed under its lock"
+        )
 
     # -- ThreadRunStore: writes ------------------------------------------------------
 
@@ -396,10 +407,12 @@ class PostgresThreadRunStore(PostgresReads):
         if isinstance(planned, ApplyOutcome):
             return planned, 0
         isolate = conn.begin_nested() if savepoints else contextlib.nullcontext()
+        inserted = False
         try:
             async with isolate:
                 if row is None:
                     row = await self._ensure(conn, thread_id)
+                    inserted = row.flushed_seq == 0
                     if row.flushed_seq != 0:  # another flusher created it meanwhile
                         planned = codec.plan_batch(entries, row)
                         if isinstance(planned, ApplyOutcome):
@@ -408,5 +421,10 @@ class PostgresThreadRunStore(PostgresReads):
         except sa_exc.DBAPIError as error:
             if not savepoints or not _is_data_error(error):
                 raise
+            return codec.failed(thread_id, base.flushed_seq, error), 0
+        except RunOwnershipError as error:
+            # The gate wrote nothing; only the empty row inserted above has to go.
+            if inserted:
+                await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
             return codec.failed(thread_id, base.flushed_seq, error), 0
         return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries
