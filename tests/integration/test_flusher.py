@@ -846,3 +846,32 @@ async def test_rejected_data_is_quarantined_and_other_threads_keep_flushing(
     assert quarantined[QuarantineKind.THREAD].thread_id == sick
     assert "ProgramLimitExceeded" in quarantined[QuarantineKind.THREAD].reason
     assert service.stats()["db_retry_episodes"] == 0
+
+
+# -- a deleted durable consumer (issue 9, finding 7) ------------------------------------------
+
+
+async def test_deleted_consumer_is_created_again_and_flushing_resumes(
+    inner: InnerStore,
+    wal: Any,
+    writer: Writer,
+    fconfig: FlusherConfig,
+    flushers: list[Flusher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first, second = tid("first"), tid("second")
+    await writer.checkpoint(first, make_messages(1))
+    service = await start(flushers, inner, fconfig)
+    await flushed_to(inner, {first: 1})
+    with caplog.at_level(logging.WARNING, logger="flusher.intake"):
+        # An operator (or a stream reset script) deletes the consumer under the flusher:
+        # nats-py then fails every fetch with "no responders", also after re-binding.
+        await wal.js.delete_consumer(fconfig.stream_name, fconfig.consumer_name)
+        await writer.checkpoint(first, make_messages(2))
+        await writer.checkpoint(second, make_messages(1))
+        await flushed_to(inner, {first: 2, second: 1})
+    assert service.stats()["consumers_recreated"] == 1
+    assert [r for r in caplog.records if getattr(r, "action", None) == "consumer_recreated"]
+    info = await wal.js.consumer_info(fconfig.stream_name, fconfig.consumer_name)
+    assert info.config.ack_wait == fconfig.ack_wait_s
+    await service.wait_idle()
