@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from buffered_store.entry import EntryKind, WalEntry
-from buffered_store.errors import ValidationError
+from buffered_store.errors import RunOwnershipError, ValidationError
 from buffered_store.messages import (
     check_json_object,
     check_json_value,
@@ -21,6 +21,16 @@ from buffered_store.messages import (
     encode_messages,
 )
 from buffered_store.records import RunRecord, Thread, check_aware, check_id
+
+
+def run_owned_elsewhere(run_id: str, owner_thread_id: str, thread_id: str) -> RunOwnershipError:
+    """The error for a checkpoint of `thread_id` naming a run that `owner_thread_id` owns."""
+    return RunOwnershipError(
+        f"run {run_id!r} belongs to thread {owner_thread_id!r}, not {thread_id!r}; "
+        "use a new run id for a run of another thread",
+        run_id=run_id,
+        owner_thread_id=owner_thread_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from buffered_store.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     check_page,
+    run_owned_elsewhere,
     validate_checkpoint,
 )
 from buffered_store.entry import WalEntry
@@ -387,6 +388,9 @@ class InMemoryThreadRunStore:
             for run_id, (run, seq) in change.runs.items():
                 if run.thread_id != thread_id:
                     raise CorruptEntryError(f"run {run_id!r} belongs to another thread")
+                owner = self._runs.get(run_id)
+                if owner is not None and owner.thread_id != thread_id:
+                    raise run_owned_elsewhere(run_id, owner.thread_id, thread_id)
                 runs[run_id] = _RunSlot(
                     record=_dumps(run.to_json(), "run"),
                     thread_id=thread_id,
@@ -414,14 +418,8 @@ class InMemoryThreadRunStore:
             stored = self._runs.get(run_id)
             if stored is not None and stored.thread_id == write.thread_id:
                 del self._runs[run_id]
-        for run_id, stored in write.runs.items():
-            previous = self._runs.get(run_id)
-            if previous is not None and previous.thread_id != write.thread_id:
-                # The run moved to another thread (runs are keyed by id alone).
-                moved_from = self._threads.get(previous.thread_id)
-                if moved_from is not None:
-                    moved_from.run_ids.discard(run_id)
-            self._runs[run_id] = stored
+        # `_prepare` refused runs owned by other threads, so none moves here.
+        self._runs.update(write.runs)
         self._threads[write.thread_id] = write.slot
 
 

@@ -174,6 +174,16 @@ FLUSHER = Family(
         _c("mark_failures", "flusher_mark_failures", "KV flushed marks that could not be raised."),
         _c("nats_errors", "flusher_nats_errors", "Failed fetches or settles."),
         _c("resubscribes", "flusher_resubscribes", "Pull subscriptions re-created."),
+        _c(
+            "consumers_recreated",
+            "flusher_consumers_recreated",
+            "Durable consumers found deleted and created again.",
+        ),
+        _c(
+            "consumer_restore_failures",
+            "flusher_consumer_restore_failures",
+            "Failed attempts to create a deleted durable consumer again.",
+        ),
         _c("cycle_errors", "flusher_cycle_errors", "Cycles aborted by an unexpected error."),
         _c(
             "backlog_poll_failures",

@@ -39,19 +39,25 @@ from buffered_store.checkpointing import (
     CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
+    run_owned_elsewhere,
     validate_checkpoint,
 )
 from buffered_store.entry import WalEntry
-from buffered_store.errors import StoreError
+from buffered_store.errors import RunOwnershipError, StoreError
 from buffered_store.planning import coalesce
-from buffered_store.postgres_reads import PostgresReads
+from buffered_store.postgres_errors import DbFailure
+from buffered_store.postgres_reads import PostgresReads, failure_of
 from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread, utcnow
 from buffered_store.target import ApplyOutcome, ApplyStatus
 
 __all__ = ["PostgresThreadRunStore"]
 
-_DATA_ERRORS = (sa_exc.IntegrityError, sa_exc.DataError)
-"""Errors caused by the data of one thread: that thread FAILS, the others go on."""
+
+def _is_data_error(error: BaseException) -> bool:
+    """Whether the database rejected the data of the statement (by SQLSTATE, so also an
+    index row too large, which psycopg raises as an OperationalError): inside `apply()`
+    that thread FAILS, not retriable, and the others go on."""
+    return isinstance(error, sa_exc.DBAPIError) and failure_of(error) is DbFailure.DATA
 
 
 def _json_dumps(value: Any) -> str:
@@ -202,8 +208,18 @@ class PostgresThreadRunStore(PostgresReads):
         return applied
 
     async def _write_locked(self, conn: AsyncConnection, write: codec.Write) -> None:
-        if not await self._write(conn, write):  # pragma: no cover - we hold the row lock
-            raise StoreError(f"thread {write.thread_id!r} changed under its lock")
+        """Execute a write under the thread's lock: its watermark cannot have moved, so a
+        failed gate means another thread owns one of its runs (`RunOwnershipError`)."""
+        if await self._write(conn, write):
+            return
+        if write.run_ids:
+            params = sql.bind(thread_id=write.thread_id, run_ids=list(write.run_ids))
+            owned = (await self._execute(conn, sql.SELECT_RUN_OWNERS, params)).first()
+            if owned is not None:
+                raise run_owned_elsewhere(owned.run_id, owned.thread_id, write.thread_id)
+        raise StoreError(  # pragma: no cover - we hold the row lock
+            f"thread {write.thread_id!r} changed under its lock"
+        )
 
     # -- ThreadRunStore: writes ------------------------------------------------------
 
@@ -346,7 +362,9 @@ class PostgresThreadRunStore(PostgresReads):
         with self._guard():
             try:
                 done = await self._apply_all(batches, order, savepoints=False)
-            except _DATA_ERRORS:
+            except sa_exc.DBAPIError as error:
+                if not _is_data_error(error):
+                    raise
                 # Savepoints cost two round trips per thread, so they are only paid for
                 # once a thread's data was rejected: redo the call isolating each thread.
                 done = await self._apply_all(batches, order, savepoints=True)
@@ -389,17 +407,24 @@ class PostgresThreadRunStore(PostgresReads):
         if isinstance(planned, ApplyOutcome):
             return planned, 0
         isolate = conn.begin_nested() if savepoints else contextlib.nullcontext()
+        inserted = False
         try:
             async with isolate:
                 if row is None:
                     row = await self._ensure(conn, thread_id)
+                    inserted = row.flushed_seq == 0
                     if row.flushed_seq != 0:  # another flusher created it meanwhile
                         planned = codec.plan_batch(entries, row)
                         if isinstance(planned, ApplyOutcome):
                             return planned, 0
                 await self._write_locked(conn, planned.write)
-        except _DATA_ERRORS as error:
-            if not savepoints:
+        except sa_exc.DBAPIError as error:
+            if not savepoints or not _is_data_error(error):
                 raise
+            return codec.failed(thread_id, base.flushed_seq, error), 0
+        except RunOwnershipError as error:
+            # The gate wrote nothing; only the empty row inserted above has to go.
+            if inserted:
+                await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
             return codec.failed(thread_id, base.flushed_seq, error), 0
         return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries

@@ -121,6 +121,8 @@ class Write:
     params: dict[str, Any]
     messages: int
     runs: int
+    run_ids: tuple[str, ...] = ()
+    """Ids of the runs written (a failed gate may mean another thread owns one)."""
 
 
 def build_write(
@@ -164,12 +166,19 @@ def build_write(
     if change.runs:
         params["run_records"] = [json_text(run.to_json(), "run") for run, _ in change.runs.values()]
         params["run_seqs"] = [seq for _, seq in change.runs.values()]
+        params["run_ids"] = list(change.runs)
     truncate = change.message_count < (0 if reset else stored_count)
     stmt = write_statement(
         live=True, messages_=bool(change.messages), truncate=truncate, runs_=bool(change.runs)
     )
     return Write(
-        change.thread_id, reset, stmt, bind(**params), len(change.messages), len(change.runs)
+        change.thread_id,
+        reset,
+        stmt,
+        bind(**params),
+        len(change.messages),
+        len(change.runs),
+        tuple(change.runs),
     )
 
 

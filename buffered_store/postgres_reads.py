@@ -22,16 +22,18 @@ from buffered_store import postgres_codec as codec
 from buffered_store import postgres_sql as sql
 from buffered_store.checkpointing import check_page
 from buffered_store.errors import (
+    ConflictError,
     DatabaseUnavailableError,
     SchemaError,
     StoreClosedError,
     StoreError,
     ValidationError,
 )
+from buffered_store.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
 from buffered_store.records import Message, RunRecord, RunStatus, Thread
 from buffered_store.target import StoredThread, VersionedRun
 
-__all__ = ["PostgresReads", "translate_error"]
+__all__ = ["PostgresReads", "failure_of", "translate_error"]
 
 _UNAVAILABLE = (
     sa_exc.OperationalError,
@@ -42,16 +44,33 @@ _UNAVAILABLE = (
     psycopg.InterfaceError,
     OSError,
 )
-"""Errors meaning the database (or the way to it) is gone: retriable."""
+"""Errors meaning the database (or the way to it) is gone, when no SQLSTATE says otherwise."""
 _FOREIGN = (sa_exc.SQLAlchemyError, psycopg.Error, OSError)
+
+
+def failure_of(error: BaseException) -> DbFailure:
+    """What a SQLAlchemy/psycopg/socket error means: by its SQLSTATE when it has one
+    (the exception class alone does not tell an outage from rejected data), else by
+    its class."""
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return DbFailure.UNAVAILABLE
+    found = classify_sqlstate(sqlstate_of(error))
+    if found is not None:
+        return found
+    return DbFailure.UNAVAILABLE if isinstance(error, _UNAVAILABLE) else DbFailure.OTHER
 
 
 def translate_error(error: BaseException) -> StoreError:
     """Our error for a SQLAlchemy/psycopg/socket error (raise it ``from`` the original)."""
-    if isinstance(error, _UNAVAILABLE) or (
-        isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated
-    ):
+    failure = failure_of(error)
+    if failure is DbFailure.UNAVAILABLE:
         return DatabaseUnavailableError(f"database unavailable: {error}")
+    if failure is DbFailure.CONFLICT:
+        return ConflictError(f"database conflict, retry: {error}")
+    if failure is DbFailure.DATA:
+        # The statement failed as a whole (one statement or one transaction): nothing
+        # was written, and the same data would fail again.
+        return ValidationError(f"the database rejected the data: {error}")
     return StoreError(f"database error: {error}")
 
 

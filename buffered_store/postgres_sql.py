@@ -39,7 +39,6 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
-    or_,
     select,
     update,
 )
@@ -162,6 +161,14 @@ def select_runs(*, by_thread: bool, by_status: bool) -> Select[Any]:
 
 # -- writes ------------------------------------------------------------------------------
 
+DROP_EMPTY_THREAD: Delete = delete(threads).where(
+    threads.c.thread_id == _p("thread_id"),
+    threads.c.flushed_seq == 0,
+    threads.c.created_at.is_(None),
+    threads.c.deleted_at.is_(None),
+)
+"""Remove the empty row `ENSURE_THREAD` inserted for a write that was then refused."""
+
 RESET_THREAD: Delete = (
     delete(messages)
     .where(messages.c.thread_id == _p("thread_id"))
@@ -170,16 +177,27 @@ RESET_THREAD: Delete = (
 """Drop a thread's messages and runs before a change that re-creates it after a delete."""
 
 
-def _gate() -> tuple[Any, Exists]:
-    gate = (
-        select(threads.c.thread_id)
-        .where(
-            threads.c.thread_id == _p("thread_id"),
-            threads.c.flushed_seq == _p("expected_seq", BigInteger),
-        )
-        .with_for_update()
-        .cte("gate")
-    )
+_runs_owned_elsewhere = select(runs.c.run_id).where(
+    runs.c.run_id == any_(_p("run_ids", _TEXT_ARRAY)), runs.c.thread_id != _p("thread_id")
+)
+
+SELECT_RUN_OWNERS = select(runs.c.run_id, runs.c.thread_id).where(
+    runs.c.run_id == any_(_p("run_ids", _TEXT_ARRAY)), runs.c.thread_id != _p("thread_id")
+)
+"""Runs among `run_ids` that another thread owns (read when a write's gate failed under
+the thread's lock, to name the owner)."""
+
+
+def _gate(*, claims_runs: bool) -> tuple[Any, Exists]:
+    conditions = [
+        threads.c.thread_id == _p("thread_id"),
+        threads.c.flushed_seq == _p("expected_seq", BigInteger),
+    ]
+    if claims_runs:
+        # Runs are keyed by id alone: a run id another thread owns must not move here, so
+        # the whole write is refused (the caller finds the owner and reports it).
+        conditions.append(~_runs_owned_elsewhere.exists())
+    gate = select(threads.c.thread_id).where(*conditions).with_for_update().cte("gate")
     return gate, select(gate.c.thread_id).exists()
 
 
@@ -247,10 +265,11 @@ def _upsert_runs(gated: Exists) -> Any:
     return stmt.on_conflict_do_update(
         index_elements=[runs.c.run_id],
         set_={name: stmt.excluded[name] for name in names if name != "run_id"},
-        # Never replace a run by an older version of itself; a run id reused by another
-        # thread moves there (runs are keyed by id alone, as in the in-memory store).
-        where=or_(
-            runs.c.thread_id != stmt.excluded.thread_id,
+        # Never replace a run by an older version of itself, and never move a run to
+        # another thread (the gate refuses such writes; this also holds against a
+        # concurrent claim that the gate's snapshot could not see).
+        where=and_(
+            runs.c.thread_id == stmt.excluded.thread_id,
             runs.c.thread_seq <= stmt.excluded.thread_seq,
         ),
     ).cte("written_runs")
@@ -258,8 +277,9 @@ def _upsert_runs(gated: Exists) -> Any:
 
 @functools.cache
 def write_statement(*, live: bool, messages_: bool, truncate: bool, runs_: bool) -> Update:
-    """The single statement writing one thread change, gated on its expected watermark."""
-    gate, gated = _gate()
+    """The single statement writing one thread change, gated on its expected watermark
+    (and, when it writes runs, on no other thread owning one of them)."""
+    gate, gated = _gate(claims_runs=live and runs_)
     ctes: list[Any] = []
     if live:
         if messages_:

@@ -19,7 +19,11 @@ JSONValue: TypeAlias = Any
 Message: TypeAlias = dict[str, Any]
 """A message is a JSON object with at least a string ``role``."""
 
-MAX_ID_LENGTH = 512
+MAX_ID_BYTES = 512
+"""Longest id, in UTF-8 bytes. Ids are btree keys in Postgres, where one index tuple may
+hold at most about 2,700 bytes; ``runs_thread_created_idx`` holds a thread id, a timestamp
+and a run id, so two ids of 512 bytes always fit, compressed or not (a limit counted in
+characters does not: 512 varied CJK characters are 1,536 bytes that do not compress)."""
 
 
 def utcnow() -> datetime:
@@ -49,19 +53,22 @@ class ReadConsistency(StrEnum):
 
 
 def check_id(value: object, what: str) -> str:
-    """Validate an identifier: a non-empty string of at most `MAX_ID_LENGTH` characters."""
+    """Validate an identifier: a non-empty string of at most `MAX_ID_BYTES` UTF-8 bytes."""
     if not isinstance(value, str):
         raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
         raise ValidationError(f"{what} must not be empty")
-    if len(value) > MAX_ID_LENGTH:
-        raise ValidationError(f"{what} is longer than {MAX_ID_LENGTH} characters")
     if "\x00" in value:
         raise ValidationError(f"{what} must not contain NUL characters")
+    # Cheap reject first: a string longer than the limit in characters is too long in bytes.
+    if len(value) > MAX_ID_BYTES:
+        raise ValidationError(f"{what} is longer than {MAX_ID_BYTES} bytes (UTF-8)")
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise ValidationError(f"{what} is not valid Unicode (lone surrogate)") from None
+    if size > MAX_ID_BYTES:
+        raise ValidationError(f"{what} is {size} bytes in UTF-8, longer than {MAX_ID_BYTES}")
     return value
 
 

@@ -227,6 +227,17 @@ class Wal:
                 )
             )
 
+    async def ensure_consumer(self) -> bool:
+        """Create the flusher consumer if it is missing (e.g. deleted by an operator);
+        True when it had to be created."""
+        async with translated("re-create the flusher consumer"):
+            try:
+                await self.js.consumer_info(self.stream, self.config.consumer_name)
+                return False
+            except jse.NotFoundError:
+                await self._ensure_consumer()
+                return True
+
     async def _ensure_consumer(self) -> None:
         wanted = self.consumer_config()
         try:

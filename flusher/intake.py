@@ -51,6 +51,27 @@ class Intake:
         """Re-create the subscription before the next fetch (after a fetch error)."""
         self._stale = True
 
+    async def restore_consumer(self) -> bool:
+        """After a failed fetch: re-create the durable consumer if it is gone, with the
+        configured settings; True when it was. The subscription is re-created before the
+        next fetch either way.
+
+        A deleted consumer does not show as such in nats-py: a fetch in flight returns
+        empty (the server's 409 is swallowed) and later fetches fail with "no responders"
+        (`ServiceUnavailableError`) forever, even after re-binding. Raises `StoreError`
+        when the consumer cannot be read or created.
+        """
+        self.invalidate()
+        if not await self.wal.ensure_consumer():
+            return False
+        self.stats.consumers_recreated += 1
+        log.warning(
+            "the durable consumer %r was deleted; created it again",
+            self.config.consumer_name,
+            extra={"action": "consumer_recreated", "consumer": self.config.consumer_name},
+        )
+        return True
+
     async def close(self) -> None:
         """Drop the subscription (best effort: the connection may be gone)."""
         sub, self._sub = self._sub, None

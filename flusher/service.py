@@ -20,7 +20,12 @@ from types import TracebackType
 from nats.aio.msg import Msg
 
 from buffered_store.config import EngineConfig
-from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError
+from buffered_store.errors import (
+    ConfigError,
+    FlushTimeoutError,
+    StoreError,
+    WalUnavailableError,
+)
 from buffered_store.flushing import ThreadLog, read_tail
 from buffered_store.generic import GenericFlushTarget, KvWatermarks
 from buffered_store.metrics_core import HistogramSnapshot
@@ -287,7 +292,7 @@ class Flusher:
                     log.warning(
                         "fetching from the WAL failed: %r", exc, extra={"action": "fetch_failed"}
                     )
-                self._intake.invalidate()
+                await self._restore_consumer()
                 await self._pause(
                     backoff_s(
                         fetch_failures,
@@ -306,6 +311,23 @@ class Flusher:
                 cycle_failures = await self._cycle(msgs, cycle_failures)
             self._tick.set()
         self._tick.set()
+
+    async def _restore_consumer(self) -> None:
+        """After a failed fetch, re-create the durable consumer if someone deleted it
+        (otherwise every later fetch fails and nothing is flushed again)."""
+        assert self._intake is not None
+        try:
+            await self._intake.restore_consumer()
+        except WalUnavailableError:
+            pass  # NATS itself is away: the fetch failure is logged already
+        except StoreError as exc:
+            self._stats.consumer_restore_failures += 1
+            log.error(
+                "the durable consumer %r is missing and cannot be created: %s",
+                self.config.consumer_name,
+                exc,
+                extra={"action": "consumer_recreate_failed"},
+            )
 
     async def _cycle(self, msgs: list[Msg], failures: int) -> int:
         """Run one cycle; returns the count of consecutive failed cycles."""

@@ -66,6 +66,10 @@ class FlusherStats:
     """Fetch or settle failures other than the normal fetch timeout."""
     resubscribes: int = 0
     """Pull subscriptions re-created (after a reconnect or a fetch error)."""
+    consumers_recreated: int = 0
+    """Times the durable consumer was found deleted and created again."""
+    consumer_restore_failures: int = 0
+    """Failed attempts to create a deleted durable consumer again (each logs an ERROR)."""
     cycle_errors: int = 0
     """Cycles aborted by an unexpected error (their messages were given back)."""
     held: int = 0

@@ -237,6 +237,50 @@ class FlushTargetContract:
         assert dict(thread.metadata) == {}
         assert thread.created_at == batch[1].at
 
+    async def test_entry_claiming_a_run_of_another_thread_fails_that_thread_only(
+        self, target: InnerStore
+    ) -> None:
+        # A data failure, not retriable (the flusher quarantines it); the run never moves.
+        owner, thief, bystander = Chain(), Chain(), Chain()
+        run = make_run(owner.thread_id)
+        await target.apply([[owner.checkpoint(make_messages(1), run)]])
+        stolen = run.replace(thread_id=thief.thread_id, steps=5)
+        outcomes = await target.apply(
+            [
+                [thief.checkpoint(make_messages(1), stolen)],
+                [bystander.checkpoint(make_messages(1))],
+            ]
+        )
+        assert [(o.status, o.retriable) for o in outcomes] == [
+            (ApplyStatus.FAILED, False),
+            (ApplyStatus.APPLIED, True),
+        ]
+        assert "RunOwnershipError" in (outcomes[0].error or "")
+        assert outcomes[0].flushed_seq == 0
+        assert await target.load_run(run.run_id) == run
+        assert await target.list_runs(owner.thread_id) == [run]
+        assert await target.load_thread(thief.thread_id) is None
+        assert await target.flushed_seqs([thief.thread_id]) == {thief.thread_id: 0}
+        assert [t.thread_id for t in await target.list_threads()] != []
+        assert thief.thread_id not in {t.thread_id for t in await target.list_threads()}
+        assert len(await target.read_threads(limit=10, offset=0)) == 2
+
+    async def test_two_threads_claiming_one_new_run_in_one_call(self, target: InnerStore) -> None:
+        first, second = Chain(), Chain()
+        run = make_run(first.thread_id)
+        outcomes = await target.apply(
+            [
+                [first.checkpoint(make_messages(1), run)],
+                [second.checkpoint(make_messages(1), run.replace(thread_id=second.thread_id))],
+            ]
+        )
+        statuses = sorted(o.status.value for o in outcomes)
+        assert statuses == [ApplyStatus.APPLIED.value, ApplyStatus.FAILED.value]
+        winner = next(o.thread_id for o in outcomes if o.status is ApplyStatus.APPLIED)
+        stored = await target.load_run(run.run_id)
+        assert stored is not None
+        assert stored.thread_id == winner
+
     async def test_a_failing_thread_does_not_affect_the_others(self, target: InnerStore) -> None:
         good, bad = Chain(), Chain()
         await target.apply([[bad.checkpoint(make_messages(2))]])

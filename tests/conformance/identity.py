@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from buffered_store import ThreadRunStore
+from buffered_store.errors import ValidationError
+from buffered_store.records import MAX_ID_BYTES
 
 from .helpers import fresh_id, make_messages, make_run
 
@@ -24,6 +26,14 @@ UNICODE_SUFFIXES = [
     "$KV.bucket",
     "\u200bzero-width",
 ]
+
+
+def _varied_cjk(size: int, *, prefix: str = "", start: int = 0x4E00) -> str:
+    """An id of exactly `size` UTF-8 bytes: `prefix`, distinct CJK ideographs (3 bytes
+    each, so nothing repeats for compression to exploit), then ASCII padding."""
+    chars = (size - len(prefix.encode())) // 3
+    value = prefix + "".join(chr(start + i) for i in range(chars))
+    return value + "x" * (size - len(value.encode()))
 
 
 class IdentityContract:
@@ -55,20 +65,50 @@ class IdentityContract:
         assert sorted(t.thread_id for t in await store.list_threads()) == sorted(ids)
 
     async def test_longest_ids_round_trip(self, store: ThreadRunStore) -> None:
-        prefix = fresh_id()
-        tid = prefix + "é🧵" * ((512 - len(prefix)) // 2)
-        tid += "x" * (512 - len(tid))
-        run_id = "r" * 511 + "🧵"
-        agent_id = "a" * 512
-        assert len(tid) == len(run_id) == len(agent_id) == 512
+        # At the limit in UTF-8 bytes, with varied CJK characters that Postgres cannot
+        # compress in its indexes (repetitive ids would pass even when too long).
+        tid = _varied_cjk(MAX_ID_BYTES, prefix=fresh_id())
+        run_id = _varied_cjk(MAX_ID_BYTES, prefix=fresh_id("run"), start=0x5000)
+        agent_id = "a" * MAX_ID_BYTES
+        assert [len(x.encode()) for x in (tid, run_id, agent_id)] == [MAX_ID_BYTES] * 3
         run = make_run(tid, run_id=run_id, agent_id=agent_id)
         await store.checkpoint(tid, make_messages(1), run)
         thread = await store.load_thread(tid)
         assert thread is not None
         assert thread.thread_id == tid
         assert await store.load_run(run_id) == run
+        assert await store.list_runs(tid) == [run]
         await store.delete_thread(tid)
         assert await store.load_thread(tid) is None
+
+    async def test_ids_too_long_in_bytes_are_rejected_and_nothing_is_written(
+        self, store: ThreadRunStore
+    ) -> None:
+        # 512 varied CJK characters pass a limit counted in characters, but their 1,536
+        # bytes overflow Postgres' btree (issue 9, finding 2); one byte over is enough.
+        prefix = fresh_id()
+        long_tid = prefix + "".join(chr(0x4E00 + i) for i in range(MAX_ID_BYTES - len(prefix)))
+        long_run = "".join(chr(0x6000 + i) for i in range(MAX_ID_BYTES))
+        over_tid = _varied_cjk(MAX_ID_BYTES + 1, prefix=fresh_id())
+        over_run = _varied_cjk(MAX_ID_BYTES + 1, prefix=fresh_id("run"), start=0x5000)
+        assert len(long_tid) == len(long_run) == MAX_ID_BYTES
+        tid = fresh_id()
+        cases = [(long_tid, long_run), (over_tid, fresh_id("run")), (tid, over_run)]
+        for thread_id, run_id in cases:
+            with pytest.raises(ValidationError):
+                # The record validates itself, so the error may come from building it.
+                await store.checkpoint(
+                    thread_id, make_messages(1), make_run(thread_id, run_id=run_id)
+                )
+        for thread_id in (long_tid, over_tid):
+            with pytest.raises(ValidationError):
+                await store.delete_thread(thread_id)
+        assert await store.load_thread(tid) is None
+        assert await store.list_runs(tid) == []
+        # The store still works: no half-written or poisoned state.
+        run = make_run(tid)
+        await store.checkpoint(tid, make_messages(1), run)
+        assert await store.list_runs(tid) == [run]
 
     async def test_like_metacharacters_in_thread_ids_match_exactly(
         self, store: ThreadRunStore

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta, timezone
 
-from buffered_store import RunStatus, ThreadRunStore
+import pytest
+
+from buffered_store import RunOwnershipError, RunStatus, ThreadRunStore
 
 from .helpers import at, fresh_id, make_messages, make_run
 
@@ -104,3 +106,54 @@ class RunContract:
         latest = await store.latest_run(tid)
         assert latest is not None
         assert latest.steps == 3
+
+    async def test_run_id_of_another_thread_is_refused_and_nothing_is_written(
+        self, store: ThreadRunStore
+    ) -> None:
+        # Runs are keyed by id alone: reusing one on another thread would move it
+        # (issue 9, finding 6). `other` was just written, so a store's fast path for
+        # the thread it wrote last is what refuses it.
+        owner, other = fresh_id(), fresh_id()
+        run = make_run(owner, created_at=at(0), updated_at=at(0))
+        await store.checkpoint(owner, make_messages(1), run)
+        own = make_run(other, created_at=at(1))
+        await store.checkpoint(other, make_messages(1), own)
+        with pytest.raises(RunOwnershipError) as caught:
+            await store.checkpoint(other, make_messages(2), run.replace(thread_id=other))
+        assert (caught.value.run_id, caught.value.owner_thread_id) == (run.run_id, owner)
+        assert owner in str(caught.value)
+        assert await store.load_run(run.run_id) == run
+        assert await store.list_runs(owner) == [run]
+        assert await store.latest_run(owner) == run
+        assert await store.list_runs(other) == [own]
+        assert await store.latest_run(other) == own
+        assert await store.load_messages(other) == make_messages(1)
+        # No seq was consumed: the next checkpoint of the thread is its second.
+        receipt = await store.checkpoint(other, make_messages(2), own.replace(steps=2))
+        assert receipt.thread_seq == 2
+
+    async def test_run_id_of_another_thread_does_not_create_a_new_thread(
+        self, store: ThreadRunStore
+    ) -> None:
+        owner, newcomer = fresh_id(), fresh_id()
+        run = make_run(owner)
+        await store.checkpoint(owner, make_messages(1), run)
+        with pytest.raises(RunOwnershipError) as caught:
+            await store.checkpoint(newcomer, make_messages(1), run.replace(thread_id=newcomer))
+        assert caught.value.owner_thread_id == owner
+        assert await store.load_thread(newcomer) is None
+        assert await store.load_run(run.run_id) == run
+        receipt = await store.checkpoint(newcomer, make_messages(1), make_run(newcomer))
+        assert receipt.thread_seq == 1
+
+    async def test_run_id_is_free_again_once_its_thread_is_deleted(
+        self, store: ThreadRunStore
+    ) -> None:
+        owner, heir = fresh_id(), fresh_id()
+        run = make_run(owner)
+        await store.checkpoint(owner, make_messages(1), run)
+        await store.delete_thread(owner)
+        inherited = run.replace(thread_id=heir)
+        await store.checkpoint(heir, make_messages(1), inherited)
+        assert await store.load_run(run.run_id) == inherited
+        assert await store.list_runs(heir) == [inherited]

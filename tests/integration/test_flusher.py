@@ -25,6 +25,7 @@ from typing import Any, cast
 import pytest
 from nats.aio.msg import Msg
 
+from buffered_store import records
 from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.config import EngineConfig
 from buffered_store.devservices import NatsServer
@@ -34,7 +35,7 @@ from buffered_store.flushing import ThreadLog
 from buffered_store.keys import hot_key, msg_id, wal_subject
 from buffered_store.memory import InMemoryThreadRunStore
 from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import Message, RunRecord, Thread, utcnow
+from buffered_store.records import MAX_ID_BYTES, Message, RunRecord, Thread, utcnow
 from buffered_store.target import ApplyOutcome, ApplyStatus, FlushTarget
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from flusher import Flusher, FlusherConfig
@@ -785,3 +786,92 @@ async def test_flusher_process_drains_into_postgres_until_sigterm(
     assert proc.returncode == 0, err.decode()
     assert "stopping" in err.decode()
     assert await pg.load_messages(thread) == make_messages(4)
+
+
+# -- data the database rejects (issue 9, finding 2) -------------------------------------------
+
+
+def _cjk(count: int, start: int) -> str:
+    """`count` distinct CJK ideographs (3 UTF-8 bytes each): nothing for Postgres to
+    compress, so 512 of them in a thread id and a run id overflow the btree of
+    ``runs_thread_created_idx`` (about 3,000 bytes > 2,704)."""
+    return "".join(chr(start + i) for i in range(count))
+
+
+@pytest.fixture
+def older_id_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accept ids as long as a version that counted characters did, so entries the
+    database rejects can reach the WAL and `apply()`, as they did before the fix."""
+    monkeypatch.setattr(records, "MAX_ID_BYTES", 4 * MAX_ID_BYTES)
+
+
+@pytest.mark.usefixtures("older_id_limit")
+async def test_rejected_data_fails_only_its_thread_in_apply(pg_inner: InnerStore) -> None:
+    sick = _cjk(512, 0x4E00)
+    healthy = tid("healthy")
+
+    def entry(thread_id: str, run_id: str | None = None) -> object:
+        call = validate_checkpoint(
+            thread_id, make_messages(1), make_run(thread_id, run_id=run_id), None
+        )
+        return build_checkpoint_entry(
+            call, previous=None, previous_messages=None, seq=1, now=utcnow()
+        )
+
+    outcomes = await pg_inner.apply([[entry(sick, _cjk(512, 0x6000))], [entry(healthy)]])  # type: ignore[list-item]
+    assert [o.status for o in outcomes] == [ApplyStatus.FAILED, ApplyStatus.APPLIED]
+    assert not outcomes[0].retriable
+    assert "ProgramLimitExceeded" in (outcomes[0].error or "")
+    assert await pg_inner.flushed_seqs([sick, healthy]) == {sick: 0, healthy: 1}
+    assert await pg_inner.load_thread(sick) is None
+
+
+@pytest.mark.usefixtures("older_id_limit")
+async def test_rejected_data_is_quarantined_and_other_threads_keep_flushing(
+    pg_inner: InnerStore, writer: Writer, fconfig: FlusherConfig, flushers: list[Flusher]
+) -> None:
+    sick = _cjk(512, 0x4E00)
+    healthy = tid("healthy")
+    await writer.checkpoint(sick, make_messages(1), make_run(sick, run_id=_cjk(512, 0x6000)))
+    await writer.checkpoint(healthy, make_messages(1))
+    service = await start(flushers, pg_inner, fconfig)
+    # Before the fix the rejection read as "database unavailable": retried forever, and
+    # no thread flushed any more.
+    await eventually(
+        lambda: _stat_at_least(service, "quarantined_threads", 1), what="quarantine", timeout_s=15
+    )
+    await writer.checkpoint(healthy, make_messages(2))
+    await flushed_to(pg_inner, {healthy: 2})
+    quarantined = {r.kind: r for r in await list_quarantine(service.wal)}
+    assert quarantined[QuarantineKind.THREAD].thread_id == sick
+    assert "ProgramLimitExceeded" in quarantined[QuarantineKind.THREAD].reason
+    assert service.stats()["db_retry_episodes"] == 0
+
+
+# -- a deleted durable consumer (issue 9, finding 7) ------------------------------------------
+
+
+async def test_deleted_consumer_is_created_again_and_flushing_resumes(
+    inner: InnerStore,
+    wal: Any,
+    writer: Writer,
+    fconfig: FlusherConfig,
+    flushers: list[Flusher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first, second = tid("first"), tid("second")
+    await writer.checkpoint(first, make_messages(1))
+    service = await start(flushers, inner, fconfig)
+    await flushed_to(inner, {first: 1})
+    with caplog.at_level(logging.WARNING, logger="flusher.intake"):
+        # An operator (or a stream reset script) deletes the consumer under the flusher:
+        # nats-py then fails every fetch with "no responders", also after re-binding.
+        await wal.js.delete_consumer(fconfig.stream_name, fconfig.consumer_name)
+        await writer.checkpoint(first, make_messages(2))
+        await writer.checkpoint(second, make_messages(1))
+        await flushed_to(inner, {first: 2, second: 1})
+    assert service.stats()["consumers_recreated"] == 1
+    assert [r for r in caplog.records if getattr(r, "action", None) == "consumer_recreated"]
+    info = await wal.js.consumer_info(fconfig.stream_name, fconfig.consumer_name)
+    assert info.config.ack_wait == fconfig.ack_wait_s
+    await service.wait_idle()

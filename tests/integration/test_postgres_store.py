@@ -423,10 +423,10 @@ async def test_lost_connections_raise_database_unavailable(database_url: str, sc
         )
         assert killed == [(True,)]
         with pytest.raises(DatabaseUnavailableError) as raised:
-            await store.apply([[Chain("u").checkpoint(msgs(1))]])
+            await store.apply([[Chain("u").checkpoint(msgs(1), "ru")]])
         assert raised.value.retriable
         # The pool replaces the dead connection: the store recovers by itself.
-        outcome = await store.apply([[Chain("u").checkpoint(msgs(1))]])
+        outcome = await store.apply([[Chain("u").checkpoint(msgs(1), "ru")]])
         assert outcome[0].status is ApplyStatus.APPLIED
 
 
@@ -534,10 +534,10 @@ async def test_a_failed_thread_does_not_affect_the_others(
     )
     outcomes = await store.apply(
         [
-            [good_c.checkpoint(msgs(2))],
+            [good_c.checkpoint(msgs(2), "rc")],
             [poisoned],
             [inconsistent],
-            [good_a.checkpoint(msgs(1))],
+            [good_a.checkpoint(msgs(1), "ra")],
             [],
         ]
     )

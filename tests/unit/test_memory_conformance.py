@@ -9,6 +9,7 @@ import pytest
 
 from buffered_store import (
     InMemoryThreadRunStore,
+    RunOwnershipError,
     RunStatus,
     StoreClosedError,
     ThreadRunStore,
@@ -157,16 +158,21 @@ async def test_naive_clock_is_rejected_before_writing() -> None:
     assert await store.load_thread(tid) is None
 
 
-async def test_run_moved_to_another_thread(memory: InMemoryThreadRunStore) -> None:
+async def test_run_of_another_thread_is_refused_until_that_thread_is_deleted(
+    memory: InMemoryThreadRunStore,
+) -> None:
+    # Runs never move between threads (issue 9, finding 6); this test used to assert
+    # that they did. Deleting the owner frees the id.
     first, second = fresh_id(), fresh_id()
     run = make_run(first)
     await memory.checkpoint(first, [], run)
     moved = run.replace(thread_id=second)
-    await memory.checkpoint(second, [], moved)
-    assert await memory.load_run(run.run_id) == moved
-    assert await memory.list_runs(first) == []
-    assert await memory.latest_run(first) is None
+    with pytest.raises(RunOwnershipError):
+        await memory.checkpoint(second, [], moved)
+    assert await memory.load_run(run.run_id) == run
+    assert await memory.list_runs(first) == [run]
     await memory.delete_thread(first)
+    await memory.checkpoint(second, [], moved)
     assert await memory.load_run(run.run_id) == moved
 
 

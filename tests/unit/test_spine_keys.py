@@ -41,8 +41,8 @@ IDS = [
     "日本語",
     "$KV.thread-hot.h",
     "%_",
-    "é" * 512,
-    "🧵" * 512,
+    "é" * 256,  # the longest ids: MAX_ID_BYTES (512) UTF-8 bytes
+    "🧵" * 128,
     "\u200b",
     "e\u0301",
 ]

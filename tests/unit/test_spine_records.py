@@ -94,7 +94,10 @@ def test_flush_status_pending() -> None:
 
 def test_check_id_and_check_aware() -> None:
     assert check_id("x" * 512, "id") == "x" * 512
-    for bad in ("", "x" * 513, "a\x00", None, 1):
+    assert check_id("é" * 256, "id") == "é" * 256
+    assert check_id("日" * 170 + "xy", "id") == "日" * 170 + "xy"
+    # The limit is in UTF-8 bytes (what Postgres indexes), not characters.
+    for bad in ("", "x" * 513, "é" * 256 + "x", "日" * 171, "🧵" * 129, "a\x00", None, 1):
         with pytest.raises(ValidationError):
             check_id(bad, "id")
     with pytest.raises(ValidationError):
