@@ -19,6 +19,8 @@ from buffered_store.records import ReadConsistency
 
 ENV_PREFIX = "BUFSTORE_"
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+READ_FROM = ("auto", "leader", "any")
+"""Accepted values of `EngineConfig.read_from`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +41,15 @@ class EngineConfig:
     """Window in which a retried publish with the same `Nats-Msg-Id` is deduplicated."""
     replicas: int = 1
     """Stream and bucket replicas (3 in a cluster for durability)."""
+    read_from: str = "auto"
+    """Which servers answer the store's reads of the stream and the buckets.
+
+    ``"leader"``: the stream leader only (JetStream's ``STREAM.MSG.GET`` API), so a read
+    sees every write acknowledged before it; ``"any"``: any replica (direct gets, one
+    round trip less work for the leader, but a replica that has not yet applied the last
+    write answers with the older value); ``"auto"`` (default): ``"leader"`` when
+    ``replicas > 1``, else ``"any"`` (with one replica the only server is the leader).
+    """
     flush_interval_s: float = 0.5
     """Collection window of the flusher: entries are coalesced per thread within it."""
     flush_batch_size: int = 1024
@@ -76,6 +87,17 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.duplicate_window_s > self.max_age_s:
             raise ConfigError("duplicate_window_s must not exceed max_age_s")
+        if self.read_from not in READ_FROM:
+            raise ConfigError(
+                f"read_from must be one of {', '.join(READ_FROM)}, got {self.read_from!r}"
+            )
+
+    @property
+    def leader_reads(self) -> bool:
+        """True when reads must be answered by the stream leader (see `read_from`)."""
+        if self.read_from == "auto":
+            return self.replicas > 1
+        return self.read_from == "leader"
 
     @property
     def servers(self) -> list[str]:

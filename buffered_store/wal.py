@@ -28,6 +28,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
+from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.kv import KeyValue
 
 from buffered_store.config import EngineConfig
@@ -97,6 +98,13 @@ class Wal:
         self.config = config
         self.js: JetStreamContext = nc.jetstream(timeout=config.request_timeout_s)
         self.stream = config.stream_name
+        self.direct = not config.leader_reads
+        """Reads use direct gets (any replica answers) rather than the stream leader.
+
+        Direct gets are served by every replica, including one that has not yet applied
+        the last acknowledged write, so on a cluster they break read-your-writes and
+        can hand the writer a stale cursor; `EngineConfig.read_from` decides.
+        """
         self.requests = 0
         """Requests sent to the server so far (each is one round trip)."""
         self._hot: KeyValue | None = None
@@ -214,6 +222,21 @@ class Wal:
             )
 
     async def _ensure_bucket(self, bucket: str, *, history: int) -> KeyValue:
+        kv = await self._open_bucket(bucket, history=history)
+        if self.direct:
+            return kv
+        # nats-py's KeyValue reads with direct gets whenever the bucket allows them (and
+        # ours do, for the single-server fast path); a handle built with direct=False
+        # sends its gets to the bucket's stream leader instead. Writes are unaffected.
+        return KeyValue(
+            name=bucket,
+            stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
+            pre=KV_PRE_TEMPLATE.format(bucket=bucket),
+            js=self.js,
+            direct=False,
+        )
+
+    async def _open_bucket(self, bucket: str, *, history: int) -> KeyValue:
         try:
             return await self.js.key_value(bucket)
         except (jse.BucketNotFoundError, jse.NotFoundError):
@@ -297,7 +320,7 @@ class Wal:
         """The message at a stream seq, or None when absent."""
         async with translated(f"get message {seq}"):
             try:
-                raw = await self.js.get_msg(self.stream, seq=seq, direct=True)
+                raw = await self.js.get_msg(self.stream, seq=seq, direct=self.direct)
             except jse.NotFoundError:
                 return None
         return _stored(raw)
@@ -306,7 +329,7 @@ class Wal:
         """The last message on a subject, or None."""
         async with translated(f"get last message of {subject}"):
             try:
-                raw = await self.js.get_last_msg(self.stream, subject, direct=True)
+                raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
             except jse.NotFoundError:
                 return None
         return _stored(raw)
@@ -316,7 +339,11 @@ class Wal:
         async with translated(f"get next message of {subject}"):
             try:
                 raw = await self.js.get_msg(
-                    self.stream, seq=max(1, from_seq), subject=subject, next=True, direct=True
+                    self.stream,
+                    seq=max(1, from_seq),
+                    subject=subject,
+                    next=True,
+                    direct=self.direct,
                 )
             except jse.NotFoundError:
                 return None

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from buffered_store.devcluster import NatsCluster
 from buffered_store.devservices import DevServiceError, Services, start_services
 
-_SERVICE_FIXTURES = frozenset({"services", "nats_url", "database_url"})
+_SERVICE_FIXTURES = frozenset({"services", "nats_url", "database_url", "nats_cluster"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,3 +47,17 @@ def nats_url(services: Services) -> str:
 def database_url(services: Services) -> str:
     """SQLAlchemy URL (``postgresql+psycopg://...``)."""
     return services.database_url
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    """A fresh three-node JetStream cluster of this test alone (it may kill nodes)."""
+    try:
+        cluster = NatsCluster(size=3)
+        cluster.start()
+    except DevServiceError as exc:
+        raise RuntimeError(f"the NATS cluster could not start: {exc}") from exc
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -72,11 +72,33 @@ def test_from_env_rejects_bad_values_with_the_variable_name(
         {"duplicate_window_s": 10.0, "max_age_s": 5.0},
         {"recent_window": 0},
         {"read_consistency": "sometimes"},
+        {"read_from": "follower"},
     ],
 )
 def test_invalid_values_are_rejected_at_construction(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         BufferedStoreConfig(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("read_from", "replicas", "leader_reads"),
+    [
+        ("auto", 1, False),  # one server: it is the leader, direct gets are as fresh
+        ("auto", 3, True),  # replicas may lag the leader: read-your-writes needs it
+        ("leader", 1, True),
+        ("any", 3, False),  # an explicit opt-out, accepting stale reads on a cluster
+    ],
+)
+def test_reads_go_to_the_leader_when_replicas_may_lag(
+    read_from: str, replicas: int, leader_reads: bool
+) -> None:
+    config = BufferedStoreConfig(read_from=read_from, replicas=replicas)
+    assert config.leader_reads is leader_reads
+
+
+def test_read_from_comes_from_the_environment() -> None:
+    env = {"BUFSTORE_READ_FROM": "any", "BUFSTORE_REPLICAS": "3"}
+    assert BufferedStoreConfig.from_env(env).leader_reads is False
 
 
 def test_config_is_frozen_and_replace_validates() -> None:
