@@ -363,7 +363,7 @@ class Wal:
             while True:
                 try:
                     raw = await self.js.get_msg(
-                        stream, seq=seq, subject=f"{head}{prefix}>", next=True, direct=True
+                        stream, seq=seq, subject=f"{head}{prefix}>", next=True, direct=self.direct
                     )
                 except jse.NotFoundError:
                     return found
