@@ -16,6 +16,7 @@ site-packages comes first, so every project module imported here is the installe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -165,7 +166,8 @@ async def test_db_upgrade_and_a_checkpoint_from_the_wheel(
     installed: Installed, database_url: str, schema_name: str, config: BufferedStoreConfig
 ) -> None:
     try:
-        out = run(
+        out = await asyncio.to_thread(
+            run,
             [installed.bufstore, "db", "upgrade", "--url", database_url, "--schema", schema_name],
             cwd=installed.workdir,
             env=installed.env,
@@ -181,7 +183,8 @@ async def test_db_upgrade_and_a_checkpoint_from_the_wheel(
         }
         script = installed.workdir / "checkpoint.py"
         script.write_text(CHECKPOINT_SCRIPT)
-        out = run(
+        out = await asyncio.to_thread(
+            run,
             [installed.python, script, database_url, schema_name, json.dumps(settings)],
             cwd=installed.workdir,
             env=installed.env,
