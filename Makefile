@@ -53,7 +53,7 @@ java:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "make java: installing$$pkgs"; \
 	    apt-get update -qq; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkgs; \
+	    DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes apt-get install -y -qq --no-install-recommends $$pkgs; \
 	  else \
 	    echo "make java: missing$$pkgs" >&2; \
 	    echo "  Need Java 17+ (java -version), the PostgreSQL JDBC driver at $(JDBC_JAR)" >&2; \

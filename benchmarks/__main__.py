@@ -1,5 +1,6 @@
-"""`python -m benchmarks SCENARIO [options]`: the same as `bufstore bench`."""
+"""`python -m buffered_store.benchmarks SCENARIO [options]`: the same as `bufstore bench`."""
 
-from benchmarks.cli import bench
+from . import PACKAGE
+from .cli import bench
 
-bench(prog_name="python -m benchmarks")
+bench(prog_name=f"python -m {PACKAGE}")

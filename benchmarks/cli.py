@@ -1,4 +1,4 @@
-"""`bufstore bench SCENARIO [options]` (and `python -m benchmarks`).
+"""`bufstore bench SCENARIO [options]` (and `python -m buffered_store.benchmarks`).
 
 Registered on the `bufstore` command line through the ``bufstore.commands`` entry-point
 group, so `buffered_store` never imports this package (which imports the flusher).
@@ -22,10 +22,10 @@ from typing import Any
 import click
 import nats
 
-from benchmarks import report
-from benchmarks.harness import Bench, Options
-from benchmarks.machine import machine, nats_server_version, versions
-from benchmarks.scenarios import MODULES, load
+from . import PACKAGE, report
+from .harness import Bench, Options
+from .machine import machine, nats_server_version, versions
+from .scenarios import MODULES, load
 
 
 def register(main: click.Group) -> None:
@@ -84,7 +84,7 @@ def load_description(name: str) -> tuple[str, None]:
     """A scenario's one-paragraph help without importing its heavy dependencies."""
     import importlib.util
 
-    spec = importlib.util.find_spec(f"benchmarks.scenarios.{MODULES[name]}")
+    spec = importlib.util.find_spec(f"{PACKAGE}.scenarios.{MODULES[name]}")
     doc = ""
     if spec is not None and spec.origin:
         text = Path(spec.origin).read_text()
@@ -113,7 +113,7 @@ def _command_line() -> str:
     argv = list(sys.argv)
     head = Path(argv[0]).name if argv else "bufstore"
     if head in ("__main__.py", "-m"):
-        head = "python -m benchmarks"
+        head = f"python -m {PACKAGE}"
     return " ".join([head, *map(shlex.quote, argv[1:])])
 
 

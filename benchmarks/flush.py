@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.harness import SideDb
-from benchmarks.measure import summarize
+from .harness import SideDb
+from .measure import summarize
 
 LAG_METHOD = (
     "for every checkpoint: commit time of the Postgres transaction that inserted its first "

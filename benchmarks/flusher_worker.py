@@ -1,4 +1,4 @@
-"""`python -m benchmarks.flusher_worker`: a `Flusher` process that reports its stats.
+"""`python -m buffered_store.benchmarks.flusher_worker`: a `Flusher` process that reports its stats.
 
 Configured like any flusher through ``BUFSTORE_*`` variables (`FlusherConfig.from_env`),
 plus the database URL and schema. Every `--interval-s` it prints one JSON line with
@@ -19,6 +19,8 @@ import signal
 import sys
 import time
 from typing import Any
+
+from . import PACKAGE
 
 
 def _line(stats: dict[str, Any], final: bool = False) -> None:
@@ -54,7 +56,7 @@ async def run(database_url: str, schema: str, interval_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.flusher_worker")
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.flusher_worker")
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--schema", default="public")
     parser.add_argument("--interval-s", type=float, default=0.25)

@@ -1,6 +1,6 @@
 """Helper processes and connections of a run: the flusher worker, the WAL monitor.
 
-The flusher runs as its own process (`python -m benchmarks.flusher_worker`), as it is
+The flusher runs as its own process (`python -m buffered_store.benchmarks.flusher_worker`), as it is
 deployed: it does not share the writers' event loop or GIL, and its CPU time is its own.
 It prints its `Flusher.stats()` (plus its own CPU seconds) as JSON lines, read here.
 
@@ -24,6 +24,8 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from buffered_store.config import BufferedStoreConfig
+
+from . import PACKAGE
 
 FLUSHER_ENV_FIELDS = (
     "nats_url",
@@ -65,7 +67,7 @@ class FlusherProcess:
             env["BUFSTORE_" + name.upper()] = str(getattr(config, name))
         args = [
             "-m",
-            "benchmarks.flusher_worker",
+            f"{PACKAGE}.flusher_worker",
             "--database-url",
             database_url,
             "--schema",

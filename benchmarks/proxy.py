@@ -1,8 +1,8 @@
 """A TCP proxy on loopback that delays every chunk by a fixed time in each direction.
 
 Used by `remote-db` to put Postgres behind a link with 2 ms more round trip (1 ms each
-way). It runs as its own process (`python -m benchmarks.proxy`) so its work never shares
-the measured process's CPU or GIL, and uses threads with `time.sleep` because asyncio's
+way). It runs as its own process (`python -m buffered_store.benchmarks.proxy`) so its work
+never shares the measured process's CPU or GIL, and uses threads with `time.sleep` because asyncio's
 timers round up to whole milliseconds (a 1 ms delay would become 1 to 2 ms).
 
 Each direction of a connection has a reader thread that stamps chunks with their due
@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from . import PACKAGE
 
 CHUNK = 65536
 
@@ -93,7 +95,7 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.proxy", description=__doc__)
     parser.add_argument("--target", required=True, help="HOST:PORT to forward to")
     parser.add_argument("--delay-ms", type=float, default=1.0, help="delay in each direction")
     parser.add_argument("--listen-port", type=int, default=0)
@@ -129,11 +131,11 @@ class ProxyProcess:
 async def start_proxy(
     target_host: str, target_port: int, *, delay_ms: float, max_seconds: float
 ) -> ProxyProcess:
-    """Start `python -m benchmarks.proxy` and return once it listens."""
+    """Start `python -m buffered_store.benchmarks.proxy` and return once it listens."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "benchmarks.proxy",
+        f"{PACKAGE}.proxy",
         "--target",
         f"{target_host}:{target_port}",
         "--delay-ms",

@@ -25,9 +25,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from benchmarks.flush import LAG_METHOD, backlog_figures, flush_lag
-from benchmarks.harness import Bench, SideDb
-from benchmarks.measure import (
+from buffered_store.buffered import BufferedThreadRunStore
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.protocol import ThreadRunStore
+
+from .flush import LAG_METHOD, backlog_figures, flush_lag
+from .harness import Bench, SideDb
+from .measure import (
     CpuMeter,
     LatencyLog,
     PgStats,
@@ -39,12 +44,8 @@ from benchmarks.measure import (
     steady_rate,
     summarize,
 )
-from benchmarks.processes import FlusherProcess, WalMonitor
-from benchmarks.workload import ThreadState, Workload, drive, make_threads, seed
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.config import BufferedStoreConfig
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.protocol import ThreadRunStore
+from .processes import FlusherProcess, WalMonitor
+from .workload import ThreadState, Workload, drive, make_threads, seed
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.measure import LatencyLog
 from buffered_store.protocol import ThreadRunStore
 from buffered_store.records import Message, RunRecord, RunStatus
+
+from .measure import LatencyLog
 
 _TEXT = (
     "tool output reasoning plan observation result the agent calls search with query "

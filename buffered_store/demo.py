@@ -259,7 +259,12 @@ def spark_run_stats(services: Services, config: BufferedStoreConfig, schema: str
     """The run-statistics job in READ_YOUR_WRITES and EVENTUAL mode, side by side."""
     from buffered_store.spark import StoreSource, format_run_stats, run_stats, spark_session
 
-    spark = spark_session("bufstore-demo", conf={"spark.ui.showConsoleProgress": "false"})
+    # The JVM's warnings and Spark's log lines go to a file: the demo's output is only ours.
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bufstore-demo-spark-{os.getpid()}.log"
+    console.print(f"  starting a local Spark session  (JVM log: {log})")
+    spark = spark_session(
+        "bufstore-demo", conf={"spark.ui.showConsoleProgress": "false"}, jvm_log=log
+    )
     try:
         source = StoreSource.from_urls(services.database_url, schema=schema, wal=config)
         totals: dict[str, int] = {}

@@ -1,9 +1,10 @@
 """Programmatic Alembic: upgrade the Postgres schema and read its revision.
 
 No ``alembic.ini`` is needed: the configuration is built here, pointing at the
-``migrations`` directory installed next to this package. Migrations run on a synchronous
-psycopg engine; ``migrations/env.py`` serialises concurrent upgrades of one schema with a
-Postgres advisory lock, so any number of processes may call `upgrade` at once.
+``buffered_store.migrations`` package (the repository's ``migrations/`` folder).
+Migrations run on a synchronous psycopg engine; ``migrations/env.py`` serialises
+concurrent upgrades of one schema with a Postgres advisory lock, so any number of
+processes may call `upgrade` at once.
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ def check_schema_name(schema: str) -> str:
 
 @functools.cache
 def migrations_dir() -> Path:
-    """The directory of the Alembic environment (``migrations/``)."""
-    # Installed (wheel or editable checkout), `migrations` sits next to `buffered_store`.
-    sibling = Path(__file__).resolve().parent.parent / "migrations"
-    if (sibling / "env.py").is_file():
-        return sibling
-    spec = importlib.util.find_spec("migrations")
+    """The directory of the Alembic environment, the ``buffered_store.migrations`` package.
+
+    The repository keeps it in the top-level ``migrations/`` folder; wheel and editable
+    installs map it under our namespace. A top-level ``migrations`` is never looked at:
+    installed, that name belongs to other projects (every Django app has one).
+    """
+    spec = importlib.util.find_spec("buffered_store.migrations")
     if spec is not None and spec.origin is not None:
         found = Path(spec.origin).parent
         if (found / "env.py").is_file():
             return found
-    raise SchemaError("the Alembic environment (the `migrations` package) is not installed")
+    raise SchemaError(
+        "the Alembic environment (the `buffered_store.migrations` package) is not installed"
+    )
 
 
 def _config(url: str, schema: str) -> Config:

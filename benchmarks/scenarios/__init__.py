@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Bench
+from ..harness import Bench
 
 MODULES = {
     "hot-threads": "hot_threads",
@@ -42,5 +42,5 @@ Runner = Callable[[Bench], Awaitable[Outcome]]
 
 def load(name: str) -> tuple[str, Runner]:
     """(description, run) of a scenario."""
-    module = importlib.import_module(f"benchmarks.scenarios.{MODULES[name]}")
+    module = importlib.import_module(f".{MODULES[name]}", __name__)
     return str(module.DESCRIPTION), module.run

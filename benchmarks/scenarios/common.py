@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report import fmt
-from benchmarks.targets import ratio, target
+from ..report import fmt
+from ..targets import ratio, target
 
 
 def side_get(side: dict[str, Any], *path: str) -> Any:

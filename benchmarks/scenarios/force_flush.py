@@ -7,15 +7,16 @@ import asyncio
 import time
 from typing import Any
 
-from benchmarks.harness import Bench
-from benchmarks.measure import PgStats, cdf_points, pg_delta, summarize
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import side_get
-from benchmarks.targets import target
-from benchmarks.workload import ThreadState, Workload, make_threads, seed
 from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.postgres import PostgresThreadRunStore
+
+from ..harness import Bench
+from ..measure import PgStats, cdf_points, pg_delta, summarize
+from ..report import fmt
+from ..targets import target
+from ..workload import ThreadState, Workload, make_threads, seed
+from . import Outcome
+from .common import side_get
 
 DESCRIPTION = (
     "Threads with a 200-message history (already flushed) get 1, 4 or 16 more checkpoints "

@@ -4,16 +4,16 @@ latter twice: on a default nats-server and on one with ``sync_interval: always``
 
 from __future__ import annotations
 
-from benchmarks.harness import Bench
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import (
+from ..harness import Bench
+from ..sides import SidePlan, run_side
+from ..workload import Workload
+from . import Outcome
+from .common import (
     judge_flush_lag,
     judge_latency,
     judge_pg_tx,
     judge_round_trips,
 )
-from benchmarks.sides import SidePlan, run_side
-from benchmarks.workload import Workload
 
 DESCRIPTION = (
     "64 threads each checkpoint 20 times a second (open loop, paced), starting from a "

@@ -9,17 +9,18 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from benchmarks.harness import Bench
-from benchmarks.measure import LatencyLog, Timeline, summarize
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import side_get
-from benchmarks.sides import OpenSide, SidePlan, run_side
-from benchmarks.targets import ratio, target
-from benchmarks.workload import ThreadState, Workload
 from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.postgres import PostgresThreadRunStore
+
+from ..harness import Bench
+from ..measure import LatencyLog, Timeline, summarize
+from ..report import fmt
+from ..sides import OpenSide, SidePlan, run_side
+from ..targets import ratio, target
+from ..workload import ThreadState, Workload
+from . import Outcome
+from .common import side_get
 
 DESCRIPTION = (
     "4 threads each start from a 256 KiB history (256 messages of 1 KiB) and checkpoint 20 "

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from benchmarks.harness import Bench
-from benchmarks.measure import LatencyLog, Timeline, summarize
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import side_get
-from benchmarks.sides import SidePlan, TimedEvent, run_side
-from benchmarks.targets import target
-from benchmarks.workload import Workload
+from ..harness import Bench
+from ..measure import LatencyLog, Timeline, summarize
+from ..report import fmt
+from ..sides import SidePlan, TimedEvent, run_side
+from ..targets import target
+from ..workload import Workload
+from . import Outcome
+from .common import side_get
 
 DESCRIPTION = (
     "The hot-threads workload (64 threads x 20 checkpoints/s) for 40 s; 15 s in, Postgres "

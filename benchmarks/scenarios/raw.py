@@ -14,15 +14,15 @@ import nats
 import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
-from benchmarks.harness import Bench
-from benchmarks.measure import CpuMeter, LatencyLog, Timeline, cdf_points, cpu_delta, rate_series
-from benchmarks.measure import summarize as summary
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import side_get
-from benchmarks.sides import SidePlan, run_side, sample_loop
-from benchmarks.targets import ratio, target
-from benchmarks.workload import ThreadState, Workload, drive, make_threads
+from ..harness import Bench
+from ..measure import CpuMeter, LatencyLog, Timeline, cdf_points, cpu_delta, rate_series
+from ..measure import summarize as summary
+from ..report import fmt
+from ..sides import SidePlan, run_side, sample_loop
+from ..targets import ratio, target
+from ..workload import ThreadState, Workload, drive, make_threads
+from . import Outcome
+from .common import side_get
 
 DESCRIPTION = (
     "64 threads, closed loop, 2 cores. The raw loop does per checkpoint what the design's "

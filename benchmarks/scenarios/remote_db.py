@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from benchmarks.harness import Bench, with_host
-from benchmarks.proxy import start_proxy
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import judge_latency, judge_round_trips
-from benchmarks.sides import SidePlan, run_side
-from benchmarks.workload import Workload
+from ..harness import Bench, with_host
+from ..proxy import start_proxy
+from ..report import fmt
+from ..sides import SidePlan, run_side
+from ..workload import Workload
+from . import Outcome
+from .common import judge_latency, judge_round_trips
 
 DESCRIPTION = (
     "The hot-threads workload (64 threads x 20 checkpoints/s, 200-message history growing "

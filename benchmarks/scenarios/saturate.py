@@ -3,13 +3,13 @@ loop), direct Postgres against the buffered store with its flusher running."""
 
 from __future__ import annotations
 
-from benchmarks.harness import Bench
-from benchmarks.report import fmt
-from benchmarks.scenarios import Outcome
-from benchmarks.scenarios.common import judge_flush_lag, judge_round_trips, side_get
-from benchmarks.sides import SidePlan, run_side
-from benchmarks.targets import ratio
-from benchmarks.workload import Workload
+from ..harness import Bench
+from ..report import fmt
+from ..sides import SidePlan, run_side
+from ..targets import ratio
+from ..workload import Workload
+from . import Outcome
+from .common import judge_flush_lag, judge_round_trips, side_get
 
 DESCRIPTION = (
     "N threads (default 64) each checkpoint as fast as they can (closed loop: the next "

@@ -11,14 +11,15 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from benchmarks.harness import Bench
-from benchmarks.measure import cdf_points, summarize
-from benchmarks.processes import FlusherProcess, WalMonitor
-from benchmarks.scenarios import Outcome
-from benchmarks.targets import ratio, target
-from benchmarks.workload import ThreadState, Workload, make_threads, seed
 from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.postgres import PostgresThreadRunStore
+
+from ..harness import Bench
+from ..measure import cdf_points, summarize
+from ..processes import FlusherProcess, WalMonitor
+from ..targets import ratio, target
+from ..workload import ThreadState, Workload, make_threads, seed
+from . import Outcome
 
 DESCRIPTION = (
     "2,000 threads of 500 messages (1M message rows, ~120-byte messages) are written "

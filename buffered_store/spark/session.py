@@ -2,7 +2,9 @@
 
 `spark_session()` checks what PySpark would otherwise report as an unreadable JVM crash
 (no Java, an old Java), finds the PostgreSQL JDBC driver, makes the Python workers use
-this interpreter, and registers the ``threadlog`` data source. Inside ``spark-submit``
+this interpreter, and registers the ``threadlog`` data source. Given ``jvm_log``, a local
+driver JVM writes its console output (the JVM's own warnings, Spark's log4j lines) to that
+file instead of this process's stderr, so a program's output stays its own. Inside ``spark-submit``
 (or a ``pyspark`` shell) the submitter owns the master and the jars; the helper only adds
 what is missing and registers the data source.
 """
@@ -170,6 +172,7 @@ def spark_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     driver: JdbcDriver | None = None,
+    jvm_log: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Get or create a `SparkSession` able to read the store's tables.
 
@@ -180,6 +183,10 @@ def spark_session(
         conf: more Spark settings; they win over the helper's.
         driver: the JDBC driver to use; by default `find_jdbc_driver()`. Under
             ``spark-submit`` a driver passed with ``--jars``/``--packages`` is kept.
+        jvm_log: a file (appended to) for the console output of the driver JVM this call
+            starts for a local master: the JVM's warnings, Spark's log lines and the Python
+            workers' stderr. By default they go to this process's stderr. Has no effect
+            under ``spark-submit`` or when this process already runs a Spark JVM.
     """
     from pyspark.sql import SparkSession
 
@@ -194,17 +201,47 @@ def spark_session(
     if driver is None and not (submitted and _submitted_driver()):
         driver = find_jdbc_driver()
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(
-        master=master, driver=driver, submitted=submitted, conf=conf
-    ).items():
+    settings = session_conf(master=master, driver=driver, submitted=submitted, conf=conf)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     if not submitted and (master or "local").startswith("local"):
         # Keep a local JVM's own services (block manager, shuffle) on loopback too: the
         # driver settings above do not reach what starts before the session reads them.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if jvm_log is not None:
+            _start_logged_context(app_name, settings, Path(jvm_log))
     spark = builder.getOrCreate()
     register_datasource(spark)
     return spark
+
+
+def _start_logged_context(app_name: str, settings: Mapping[str, str], log_path: Path) -> None:
+    """Start the driver JVM with its stdout and stderr in `log_path`, and a context on it.
+
+    Log levels cannot do this: the JVM prints "Using incubator modules" before any logger
+    exists (Spark always adds ``--add-modules=jdk.incubator.vector``), and Spark prints its
+    log-profile banner to stderr directly. `launch_gateway`'s ``popen_kwargs`` is PySpark's
+    own hook for capturing the JVM's output; the `SparkContext` made on that gateway is the
+    one ``getOrCreate`` then returns.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    # A JVM already running in this process keeps its output where it goes.
+    if SparkContext._gateway is not None or SparkContext._active_spark_context is not None:
+        return
+    spark_conf = SparkConf().setAppName(app_name).setAll(list(settings.items()))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        try:
+            popen = {"stdout": log, "stderr": log}
+            gateway = launch_gateway(spark_conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # PySparkRuntimeError, OSError: the reason is in the log
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise SparkSetupError(
+                f"Spark's JVM did not start ({exc}); its output, in {log_path}, ends with:\n{tail}"
+            ) from exc
+    SparkContext(conf=spark_conf, gateway=gateway)
 
 
 def _submitted_driver() -> bool:

@@ -2,9 +2,9 @@
 its JSON, Markdown and PNG output with the expected keys.
 
 No timing is asserted: the DESIGN targets are judged from full runs (docs/benchmarks.md),
-never by timed tests. Each scenario runs as the user runs it, ``python -m benchmarks``
-in a process of its own, starting its own NATS and Postgres (so commit timestamps are on
-and `pg-outage` may stop its Postgres).
+never by timed tests. Each scenario runs as the user runs it,
+``python -m buffered_store.benchmarks`` in a process of its own, starting its own NATS and
+Postgres (so commit timestamps are on and `pg-outage` may stop its Postgres).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCH = "buffered_store.benchmarks"
+"""The harness's import name: the repository's `benchmarks/` folder, installed under ours."""
 
 # scenario -> (side keys, extra plots)
 SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
@@ -49,7 +51,7 @@ TOP_KEYS = {
 def run_quick(scenario: str, out: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL")}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", scenario, "--quick", "--output", str(out)],
+        [sys.executable, "-m", BENCH, scenario, "--quick", "--output", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -98,7 +100,7 @@ def test_quick_mode_writes_every_output(scenario: str, tmp_path: Path) -> None:
 def test_summary_collects_the_targets_of_several_runs(tmp_path: Path) -> None:
     data = run_quick("force-flush", tmp_path / "ff")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "summary", str(tmp_path / "ff")],
+        [sys.executable, "-m", BENCH, "summary", str(tmp_path / "ff")],
         cwd=ROOT,
         capture_output=True,
         text=True,
