@@ -13,16 +13,23 @@ import contextlib
 import json
 import logging
 import signal
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import click
 
 from buffered_store.cli.common import nats_url_option, require, run, store_options
+from buffered_store.errors import BackendUnavailableError
 from buffered_store.wal import Wal
 from flusher.config import FlusherConfig
+from flusher.policy import backoff_s
 from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
 
 log = logging.getLogger("flusher.cli")
+T = TypeVar("T")
+
+STARTUP_RETRY_INITIAL_S = 0.2
+STARTUP_RETRY_MAX_S = 5.0
 
 
 def register(group: click.Group) -> None:
@@ -112,7 +119,11 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    inner = await PostgresThreadRunStore.connect(url, schema=schema)
+    inner = await start_patiently(
+        lambda: PostgresThreadRunStore.connect(url, schema=schema), stop, "connect to Postgres"
+    )
+    if inner is None:
+        return
     metrics = None
     try:
         flusher = Flusher(inner, config)
@@ -121,7 +132,13 @@ async def _serve(
 
             metrics = serve_metrics(metrics_port, StatsCollector([flusher, inner]))
             click.echo(f"metrics on http://0.0.0.0:{metrics.port}/metrics", err=True)
-        await flusher.start()
+
+        async def start() -> Flusher:
+            await flusher.start()
+            return flusher
+
+        if await start_patiently(start, stop, "start the flusher") is None:
+            return
         click.echo(
             f"flusher running: consumer {config.consumer_name!r} on stream "
             f"{config.stream_name!r}; Ctrl-C or SIGTERM stops it",
@@ -141,6 +158,39 @@ async def _serve(
         if metrics is not None:
             metrics.close()
         await inner.close()
+
+
+async def start_patiently(
+    attempt: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    what: str,
+    *,
+    initial_s: float = STARTUP_RETRY_INITIAL_S,
+    max_s: float = STARTUP_RETRY_MAX_S,
+) -> T | None:
+    """`attempt()` until it succeeds, backing off while a service is unavailable.
+
+    A flusher process started while NATS or Postgres is down (or too slow to answer its
+    set-up requests, as under load) waits for them instead of exiting; other errors
+    (configuration, schema) stop it at once. Returns None when `stop` is set first.
+    """
+    failures = 0
+    while not stop.is_set():
+        try:
+            return await attempt()
+        except BackendUnavailableError as exc:
+            failures += 1
+            log.warning(
+                "could not %s yet (%s); retrying",
+                what,
+                exc,
+                extra={"action": "flusher_start_retry", "failures": failures},
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                stop.wait(), backoff_s(failures, initial_s=initial_s, max_s=max_s)
+            )
+    return None
 
 
 def _progress(stats: dict[str, int | float]) -> str:

@@ -1,0 +1,47 @@
+"""`bufstore flusher` start-up: waits for unavailable services, gives up on real errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from buffered_store.errors import ConfigError, DatabaseUnavailableError, WalUnavailableError
+from flusher.cli import start_patiently
+
+
+async def test_start_waits_out_unavailable_services() -> None:
+    failures = [WalUnavailableError("set up JetStream"), DatabaseUnavailableError("down")]
+
+    async def attempt() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "running"
+
+    stop = asyncio.Event()
+    result = await start_patiently(attempt, stop, "start", initial_s=0.001, max_s=0.001)
+    assert result == "running"
+    assert failures == []
+
+
+async def test_start_gives_up_at_once_on_a_configuration_error() -> None:
+    calls = 0
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        raise ConfigError("the consumer exists with another ack_wait")
+
+    with pytest.raises(ConfigError):
+        await start_patiently(attempt, asyncio.Event(), "start", initial_s=0.001, max_s=0.001)
+    assert calls == 1
+
+
+async def test_stop_ends_the_wait() -> None:
+    stop = asyncio.Event()
+
+    async def attempt() -> str:
+        stop.set()  # SIGTERM arrives while the service is still down
+        raise WalUnavailableError("no servers")
+
+    assert await start_patiently(attempt, stop, "start", initial_s=10, max_s=10) is None
