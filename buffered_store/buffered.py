@@ -171,9 +171,35 @@ class BufferedThreadRunStore:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointReceipt:
         """Append the checkpoint to the WAL; returns once it is durable there."""
+        return await self._measured(thread_id, messages, run, metadata, append=False)
+
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Append `messages` to the thread's snapshot in the WAL; returns once durable.
+
+        The entry keeps the thread's current messages without reading, encoding or
+        comparing them: the call costs the same whatever the history length.
+        """
+        return await self._measured(thread_id, messages, run, metadata, append=True)
+
+    async def _measured(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        metadata: Mapping[str, Any] | None,
+        *,
+        append: bool,
+    ) -> CheckpointReceipt:
         started = time.perf_counter()
         try:
-            receipt = await self._checkpoint(thread_id, messages, run, metadata)
+            receipt = await self._checkpoint(thread_id, messages, run, metadata, append=append)
         except BaseException as exc:
             self._stats["checkpoints_failed"] += 1
             self._stats[f"checkpoints_{_failure_kind(exc)}"] += 1
@@ -190,6 +216,8 @@ class BufferedThreadRunStore:
         messages: Sequence[Message],
         run: RunRecord,
         metadata: Mapping[str, Any] | None,
+        *,
+        append: bool,
     ) -> CheckpointReceipt:
         self._check_open()
         cached = self._writer.cursors.get(thread_id) if isinstance(thread_id, str) else None
@@ -199,7 +227,10 @@ class BufferedThreadRunStore:
             run,
             metadata,
             previous=cached.snapshot if cached else None,
+            append=append,
         )
+        # An append's snapshot follows from the cursor it lands on (see `record_written`).
+        snapshot = None if append else call.encoded
         nonce = now_writer_nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
@@ -217,13 +248,14 @@ class BufferedThreadRunStore:
         async def write() -> CheckpointReceipt:
             await self._claim_run(thread_id, run.run_id)
             try:
-                entry = await self._write(thread_id, build, call.encoded)
+                entry = await self._write(thread_id, build, snapshot)
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
-                # message, learn its snapshot once and send the delta instead.
-                if not await self._prime_snapshot(thread_id):
+                # message, learn its snapshot once and send the delta instead. (An append
+                # sends only its new messages: knowing the snapshot would not help.)
+                if append or not await self._prime_snapshot(thread_id):
                     raise
-                entry = await self._write(thread_id, build, call.encoded)
+                entry = await self._write(thread_id, build, snapshot)
             return CheckpointReceipt(
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
             )
@@ -301,7 +333,7 @@ class BufferedThreadRunStore:
         self,
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
-        snapshot: list[bytes],
+        snapshot: list[bytes] | None,
     ) -> WalEntry:
         attempt = AppendAttempt()
         deadline = time.monotonic() + self.config.checkpoint_timeout_s

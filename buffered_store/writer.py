@@ -320,9 +320,15 @@ class Writer:
         thread_id: str,
         entry: WalEntry,
         base: Cursor,
-        snapshot: list[bytes],
+        snapshot: list[bytes] | None,
     ) -> Cursor:
-        """The cursor after `entry` was published on top of `base`."""
+        """The cursor after `entry` was published on top of `base`.
+
+        `snapshot` is the thread's snapshot at `entry` when the caller knows it; None
+        derives it from `base` (an append: the base's snapshot, when known, extended).
+        """
+        if snapshot is None:
+            snapshot = _advance_snapshot(base.snapshot, entry)
         cursor = Cursor(
             seq=entry.seq,
             stream_seq=entry.stream_seq,
