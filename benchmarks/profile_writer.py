@@ -10,6 +10,7 @@ update with the revision cached from the previous one.
 
     .venv/bin/python -m benchmarks.profile_writer                 # own nats-server
     NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m benchmarks.profile_writer
+    .venv/bin/python -m benchmarks.profile_writer --api append       # append() instead
     .venv/bin/python -m benchmarks.profile_writer --profile out.pstats --history 2000
 """
 
@@ -126,7 +127,11 @@ async def buffered_case(
         states = probes(f"b{tag}", threads, history, args.size)
 
         async def checkpoint(state: Probe) -> None:
-            await store.checkpoint(state.thread_id, state.history, state.run)
+            if args.api == "append" and state.step > 1:
+                new = state.history[-args.per_step :]
+                await store.append(state.thread_id, new, state.run)
+            else:
+                await store.checkpoint(state.thread_id, state.history, state.run)
 
         # Warm-up (unmeasured): the cold checkpoint with the full history, and one append.
         await measure(states, 2, checkpoint, per_step=args.per_step, size=args.size)
@@ -204,7 +209,10 @@ async def main(args: argparse.Namespace) -> None:
         url = server.url
     profiler = cProfile.Profile() if args.profile else None
     try:
-        print(f"nats {url}; {args.per_step} message(s) of ~{args.size} B appended per step")
+        print(
+            f"nats {url}; {args.per_step} message(s) of ~{args.size} B appended per step; "
+            f"buffered side calls {args.api}()"
+        )
         print(f"{'side':<9}{'threads':>8}{'history':>9}{'ckpts':>7}{'cpu µs':>9}{'wall µs':>9}")
         for threads in args.threads:
             # Capped so the history grows little while it is measured.
@@ -238,6 +246,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=100, help="measured, per thread")
     p.add_argument("--per-step", type=int, default=2, help="messages appended per step")
     p.add_argument("--size", type=int, default=300, help="approximate bytes per message")
+    p.add_argument(
+        "--api",
+        choices=["checkpoint", "append"],
+        default="checkpoint",
+        help="buffered side: full snapshots (checkpoint) or the new messages only (append)",
+    )
     p.add_argument("--no-raw", action="store_true", help="skip the raw loop")
     p.add_argument("--profile", help="write a cProfile of the buffered cases to this file")
     return p.parse_args(argv)

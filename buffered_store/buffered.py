@@ -56,7 +56,7 @@ from buffered_store.records import (
 )
 from buffered_store.target import FlushTarget, StoredThread, run_sort_key, thread_sort_key
 from buffered_store.wal import Wal
-from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer, now_writer_nonce
+from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer
 
 log = logging.getLogger("buffered_store.buffered")
 
@@ -231,7 +231,7 @@ class BufferedThreadRunStore:
         )
         # An append's snapshot follows from the cursor it lands on (see `record_written`).
         snapshot = None if append else call.encoded
-        nonce = now_writer_nonce()
+        nonce = self._writer.nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
             entry = build_checkpoint_entry(
@@ -248,16 +248,16 @@ class BufferedThreadRunStore:
         async def write() -> CheckpointReceipt:
             await self._claim_run(thread_id, run.run_id)
             try:
-                entry = await self._write(thread_id, build, snapshot)
+                entry, stream_seq = await self._write(thread_id, build, snapshot)
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
                 # message, learn its snapshot once and send the delta instead. (An append
                 # sends only its new messages: knowing the snapshot would not help.)
                 if append or not await self._prime_snapshot(thread_id):
                     raise
-                entry = await self._write(thread_id, build, snapshot)
+                entry, stream_seq = await self._write(thread_id, build, snapshot)
             return CheckpointReceipt(
-                thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
+                thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
             )
 
         receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
@@ -273,7 +273,7 @@ class BufferedThreadRunStore:
         """
         self._check_open()
         check_id(thread_id, "thread_id")
-        nonce = now_writer_nonce()
+        nonce = self._writer.nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
             entry = build_delete_entry(
@@ -334,13 +334,33 @@ class BufferedThreadRunStore:
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
         snapshot: list[bytes] | None,
-    ) -> WalEntry:
+    ) -> tuple[WalEntry, int]:
+        """Publish the entry, then advance the hot record; returns the entry and its
+        stream seq. Both round trips share the checkpoint's `checkpoint_timeout_s`."""
         attempt = AppendAttempt()
-        deadline = time.monotonic() + self.config.checkpoint_timeout_s
+        written: WalEntry | None = None
         try:
+            # One timeout scope for both round trips (a second one costs a timer per call).
             async with asyncio.timeout(self.config.checkpoint_timeout_s):
-                entry, base = await self._writer.append(thread_id, build, attempt)
-        except TimeoutError as exc:
+                entry, stream_seq, base = await self._writer.append(thread_id, build, attempt)
+                written = entry
+                cursor = self._writer.record_written(thread_id, entry, stream_seq, base, snapshot)
+                assert cursor.hot is not None
+                cursor.revision = await self._writer.advance_hot(
+                    thread_id, cursor.hot, base.revision
+                )
+        except (StoreError, TimeoutError) as exc:
+            if written is not None:
+                self._writer.cursors.drop(thread_id)
+                self._stats["commit_unknown"] += 1
+                raise CommitUnknownError(
+                    f"checkpoint {written.seq} of thread {thread_id!r} is in the WAL but its "
+                    f"hot record could not be updated ({exc}); it will be flushed",
+                    thread_id=thread_id,
+                    thread_seq=written.seq,
+                ) from exc
+            if not isinstance(exc, TimeoutError):
+                raise  # refused before or by the publish: nothing is in the WAL
             self._writer.cursors.drop(thread_id)
             if attempt.sent:
                 self._stats["commit_unknown"] += 1
@@ -350,23 +370,7 @@ class BufferedThreadRunStore:
                     thread_id=thread_id,
                 ) from exc
             raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
-        cursor = self._writer.record_written(thread_id, entry, base, snapshot)
-        assert cursor.hot is not None
-        try:
-            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                cursor.revision = await self._writer.advance_hot(
-                    thread_id, cursor.hot, base.revision
-                )
-        except (StoreError, TimeoutError) as exc:
-            self._writer.cursors.drop(thread_id)
-            self._stats["commit_unknown"] += 1
-            raise CommitUnknownError(
-                f"checkpoint {entry.seq} of thread {thread_id!r} is in the WAL but its hot "
-                f"record could not be updated ({exc}); it will be flushed",
-                thread_id=thread_id,
-                thread_seq=entry.seq,
-            ) from exc
-        return entry
+        return entry, stream_seq
 
     async def _seed_from_inner(self, thread_id: str) -> StoredThread | None:
         """The inner store's state of a thread the WAL has never seen, if it answers soon.
