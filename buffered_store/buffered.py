@@ -56,7 +56,7 @@ from buffered_store.records import (
 )
 from buffered_store.target import FlushTarget, StoredThread, run_sort_key, thread_sort_key
 from buffered_store.wal import Wal
-from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer, now_writer_nonce
+from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer
 
 log = logging.getLogger("buffered_store.buffered")
 
@@ -171,9 +171,35 @@ class BufferedThreadRunStore:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointReceipt:
         """Append the checkpoint to the WAL; returns once it is durable there."""
+        return await self._measured(thread_id, messages, run, metadata, append=False)
+
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Append `messages` to the thread's snapshot in the WAL; returns once durable.
+
+        The entry keeps the thread's current messages without reading, encoding or
+        comparing them: the call costs the same whatever the history length.
+        """
+        return await self._measured(thread_id, messages, run, metadata, append=True)
+
+    async def _measured(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        metadata: Mapping[str, Any] | None,
+        *,
+        append: bool,
+    ) -> CheckpointReceipt:
         started = time.perf_counter()
         try:
-            receipt = await self._checkpoint(thread_id, messages, run, metadata)
+            receipt = await self._checkpoint(thread_id, messages, run, metadata, append=append)
         except BaseException as exc:
             self._stats["checkpoints_failed"] += 1
             self._stats[f"checkpoints_{_failure_kind(exc)}"] += 1
@@ -190,6 +216,8 @@ class BufferedThreadRunStore:
         messages: Sequence[Message],
         run: RunRecord,
         metadata: Mapping[str, Any] | None,
+        *,
+        append: bool,
     ) -> CheckpointReceipt:
         self._check_open()
         cached = self._writer.cursors.get(thread_id) if isinstance(thread_id, str) else None
@@ -199,8 +227,11 @@ class BufferedThreadRunStore:
             run,
             metadata,
             previous=cached.snapshot if cached else None,
+            append=append,
         )
-        nonce = now_writer_nonce()
+        # An append's snapshot follows from the cursor it lands on (see `record_written`).
+        snapshot = None if append else call.encoded
+        nonce = self._writer.nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
             entry = build_checkpoint_entry(
@@ -217,15 +248,16 @@ class BufferedThreadRunStore:
         async def write() -> CheckpointReceipt:
             await self._claim_run(thread_id, run.run_id)
             try:
-                entry = await self._write(thread_id, build, call.encoded)
+                entry, stream_seq = await self._write(thread_id, build, snapshot)
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
-                # message, learn its snapshot once and send the delta instead.
-                if not await self._prime_snapshot(thread_id):
+                # message, learn its snapshot once and send the delta instead. (An append
+                # sends only its new messages: knowing the snapshot would not help.)
+                if append or not await self._prime_snapshot(thread_id):
                     raise
-                entry = await self._write(thread_id, build, call.encoded)
+                entry, stream_seq = await self._write(thread_id, build, snapshot)
             return CheckpointReceipt(
-                thread_id=thread_id, thread_seq=entry.seq, stream_seq=entry.stream_seq
+                thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
             )
 
         receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
@@ -241,7 +273,7 @@ class BufferedThreadRunStore:
         """
         self._check_open()
         check_id(thread_id, "thread_id")
-        nonce = now_writer_nonce()
+        nonce = self._writer.nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
             entry = build_delete_entry(
@@ -301,14 +333,34 @@ class BufferedThreadRunStore:
         self,
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
-        snapshot: list[bytes],
-    ) -> WalEntry:
+        snapshot: list[bytes] | None,
+    ) -> tuple[WalEntry, int]:
+        """Publish the entry, then advance the hot record; returns the entry and its
+        stream seq. Both round trips share the checkpoint's `checkpoint_timeout_s`."""
         attempt = AppendAttempt()
-        deadline = time.monotonic() + self.config.checkpoint_timeout_s
+        written: WalEntry | None = None
         try:
+            # One timeout scope for both round trips (a second one costs a timer per call).
             async with asyncio.timeout(self.config.checkpoint_timeout_s):
-                entry, base = await self._writer.append(thread_id, build, attempt)
-        except TimeoutError as exc:
+                entry, stream_seq, base = await self._writer.append(thread_id, build, attempt)
+                written = entry
+                cursor = self._writer.record_written(thread_id, entry, stream_seq, base, snapshot)
+                assert cursor.hot is not None
+                cursor.revision = await self._writer.advance_hot(
+                    thread_id, cursor.hot, base.revision
+                )
+        except (StoreError, TimeoutError) as exc:
+            if written is not None:
+                self._writer.cursors.drop(thread_id)
+                self._stats["commit_unknown"] += 1
+                raise CommitUnknownError(
+                    f"checkpoint {written.seq} of thread {thread_id!r} is in the WAL but its "
+                    f"hot record could not be updated ({exc}); it will be flushed",
+                    thread_id=thread_id,
+                    thread_seq=written.seq,
+                ) from exc
+            if not isinstance(exc, TimeoutError):
+                raise  # refused before or by the publish: nothing is in the WAL
             self._writer.cursors.drop(thread_id)
             if attempt.sent:
                 self._stats["commit_unknown"] += 1
@@ -318,23 +370,7 @@ class BufferedThreadRunStore:
                     thread_id=thread_id,
                 ) from exc
             raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
-        cursor = self._writer.record_written(thread_id, entry, base, snapshot)
-        assert cursor.hot is not None
-        try:
-            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                cursor.revision = await self._writer.advance_hot(
-                    thread_id, cursor.hot, base.revision
-                )
-        except (StoreError, TimeoutError) as exc:
-            self._writer.cursors.drop(thread_id)
-            self._stats["commit_unknown"] += 1
-            raise CommitUnknownError(
-                f"checkpoint {entry.seq} of thread {thread_id!r} is in the WAL but its hot "
-                f"record could not be updated ({exc}); it will be flushed",
-                thread_id=thread_id,
-                thread_seq=entry.seq,
-            ) from exc
-        return entry
+        return entry, stream_seq
 
     async def _seed_from_inner(self, thread_id: str) -> StoredThread | None:
         """The inner store's state of a thread the WAL has never seen, if it answers soon.

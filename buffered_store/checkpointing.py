@@ -15,6 +15,7 @@ from typing import Any
 from buffered_store.entry import EntryKind, WalEntry
 from buffered_store.errors import RunOwnershipError, ValidationError
 from buffered_store.messages import (
+    SnapshotDelta,
     check_json_object,
     check_json_value,
     diff_snapshot,
@@ -35,13 +36,16 @@ def run_owned_elsewhere(run_id: str, owner_thread_id: str, thread_id: str) -> Ru
 
 @dataclass(frozen=True, slots=True)
 class CheckpointInput:
-    """A validated `checkpoint()` call."""
+    """A validated `checkpoint()` or `append()` call."""
 
     thread_id: str
     encoded: list[bytes]
-    """Canonical bytes of every message of the new snapshot."""
+    """Canonical bytes of every message of the new snapshot (of the appended ones only
+    when `append`)."""
     run: RunRecord
     metadata: dict[str, Any] | None
+    append: bool = False
+    """`encoded` extends the thread's current snapshot instead of replacing it."""
 
 
 def validate_checkpoint(
@@ -51,8 +55,14 @@ def validate_checkpoint(
     metadata: Mapping[str, Any] | None,
     *,
     previous: Sequence[bytes] | None = None,
+    append: bool = False,
 ) -> CheckpointInput:
-    """Check every argument of `checkpoint()`; raise `ValidationError` on the first problem."""
+    """Check every argument of `checkpoint()` (of `append()` when `append`: `messages`
+    are then only the new messages); raise `ValidationError` on the first problem.
+
+    `previous` is the cached snapshot of the thread, whose unchanged prefix need not be
+    validated again (ignored for an append, which never looks at the history).
+    """
     check_id(thread_id, "thread_id")
     if not isinstance(run, RunRecord):
         raise ValidationError(f"run must be a RunRecord, got {type(run).__name__}")
@@ -63,8 +73,8 @@ def validate_checkpoint(
     check_json_value(run.output, "run.output")
     check_json_object(run.metadata, "run.metadata")
     checked_metadata = None if metadata is None else check_json_object(metadata, "metadata")
-    encoded = encode_messages(messages, previous)
-    return CheckpointInput(thread_id, encoded, run, checked_metadata)
+    encoded = encode_messages(messages, None if append else previous)
+    return CheckpointInput(thread_id, encoded, run, checked_metadata, append)
 
 
 def build_checkpoint_entry(
@@ -83,10 +93,16 @@ def build_checkpoint_entry(
     deleted thread); `previous_messages` its snapshot, or None when unknown (the entry
     then carries the full snapshot). A `jump` entry starts a chain on an unknown base:
     it always carries the full snapshot.
+
+    An append keeps the `previous.message_count` messages of the thread without looking
+    at them, so its cost does not depend on the history.
     """
     check_aware(now, "now")
-    known = previous_messages if previous is not None and not jump else None
-    delta = diff_snapshot(known, call.encoded)
+    if call.append:
+        delta = _append_delta(call.encoded, previous, previous_messages, jump=jump)
+    else:
+        known = previous_messages if previous is not None and not jump else None
+        delta = diff_snapshot(known, call.encoded)
     if previous is not None:
         created_at = previous.created_at
         parent = previous.parent_thread_id or call.run.parent_thread_id
@@ -112,6 +128,23 @@ def build_checkpoint_entry(
         writer=writer,
         jump=jump,
     )
+
+
+def _append_delta(
+    new: list[bytes],
+    previous: Thread | None,
+    previous_messages: Sequence[bytes] | None,
+    *,
+    jump: bool,
+) -> SnapshotDelta:
+    if previous is None:
+        return SnapshotDelta(0, new)  # a new or deleted thread: the append starts it
+    if not jump:
+        return SnapshotDelta(previous.message_count, new)
+    # A jump entry must carry the full snapshot, so the history is needed after all.
+    if previous_messages is None or len(previous_messages) != previous.message_count:
+        raise ValueError("an append on a jump entry needs the previous snapshot")
+    return SnapshotDelta(0, [*previous_messages, *new])
 
 
 def build_delete_entry(

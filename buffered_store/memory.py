@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from buffered_store.checkpointing import (
+    CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
     check_page,
@@ -172,7 +173,23 @@ class InMemoryThreadRunStore:
     ) -> CheckpointReceipt:
         """Store the snapshot of a thread after one step and upsert its run."""
         self._check_open()
-        call = validate_checkpoint(thread_id, messages, run, metadata)
+        return self._checkpoint(validate_checkpoint(thread_id, messages, run, metadata))
+
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Append `messages` to the thread's snapshot and upsert its run."""
+        self._check_open()
+        return self._checkpoint(
+            validate_checkpoint(thread_id, messages, run, metadata, append=True)
+        )
+
+    def _checkpoint(self, call: CheckpointInput) -> CheckpointReceipt:
         slot = self._threads.get(call.thread_id)
         previous = _decode_thread(slot.summary) if slot and slot.summary else None
         entry = build_checkpoint_entry(

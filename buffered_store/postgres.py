@@ -244,16 +244,38 @@ class PostgresThreadRunStore(PostgresReads):
             metadata,
             previous=cached.encoded if cached else None,
         )
+        return await self._checkpoint(call, cached)
+
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Append `messages` to the thread's snapshot and upsert its run.
+
+        Writes the new message rows only, without reading or comparing the history.
+        """
+        self._check_open()
+        call = validate_checkpoint(thread_id, messages, run, metadata, append=True)
+        return await self._checkpoint(call, self._cache.get(thread_id))
+
+    async def _checkpoint(
+        self, call: CheckpointInput, cached: _Snapshot | None
+    ) -> CheckpointReceipt:
         codec.check_key(call.thread_id, "thread_id")
         with self._guard():
             entry = await self._checkpoint_cached(call, cached) if cached else None
             if entry is None:
                 entry = await self._checkpoint_locked(call)
         assert entry.thread is not None
-        self._cache.put(
-            call.thread_id,
-            _Snapshot(entry.seq, entry.thread, tuple(call.encoded)),
-        )
+        encoded = _snapshot_after(call, entry, cached)
+        if encoded is None:
+            self._cache.discard(call.thread_id)
+        else:
+            self._cache.put(call.thread_id, _Snapshot(entry.seq, entry.thread, encoded))
         self._stats["checkpoints"] += 1
         return CheckpointReceipt(thread_id=call.thread_id, thread_seq=entry.seq)
 
@@ -288,7 +310,8 @@ class PostgresThreadRunStore(PostgresReads):
             entry = build_checkpoint_entry(
                 call,
                 previous=row.thread,
-                previous_messages=await self._stored_snapshot(conn, row),
+                # An append keeps the stored messages without reading them.
+                previous_messages=None if call.append else await self._stored_snapshot(conn, row),
                 seq=row.flushed_seq + 1,
                 now=self._clock(),
             )
@@ -428,3 +451,14 @@ class PostgresThreadRunStore(PostgresReads):
                 await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
             return codec.failed(thread_id, base.flushed_seq, error), 0
         return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries
+
+
+def _snapshot_after(
+    call: CheckpointInput, entry: WalEntry, cached: _Snapshot | None
+) -> tuple[bytes, ...] | None:
+    """The thread's snapshot after `entry`, when known (None: forget the cached one)."""
+    if not call.append or entry.keep == 0:
+        return tuple(call.encoded)
+    if cached is not None and cached.seq + 1 == entry.seq and len(cached.encoded) == entry.keep:
+        return cached.encoded + tuple(call.encoded)
+    return None

@@ -18,6 +18,10 @@ class ThreadRunStore(Protocol):
       semantics) and upserts `run` by `run.run_id`; `run.thread_id` must equal `thread_id`.
       ``metadata``, when given, replaces the thread's metadata. Bad input raises
       `ValidationError` and writes nothing.
+    - `append` is `checkpoint` with the thread's current snapshot followed by `messages`
+      (a thread that does not exist starts with them). The snapshot it extends is the
+      store's, never the caller's list: a caller that edited earlier messages must use
+      `checkpoint`. Concurrent appends to one thread all land, one after the other.
     - The thread's `created_at` is the time of its first checkpoint, `updated_at` the time
       of its latest; `latest_run_id` is the run of the latest checkpoint;
       `parent_thread_id` comes from the first run that names one and then never changes.
@@ -37,6 +41,18 @@ class ThreadRunStore(Protocol):
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointReceipt:
         """Store the snapshot of a thread after one step and upsert its run."""
+        ...
+
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Checkpoint the thread's current snapshot followed by `messages` (the new ones
+        only) and upsert its run; costs O(new messages), whatever the history length."""
         ...
 
     async def load_thread(self, thread_id: str) -> Thread | None:

@@ -158,6 +158,18 @@ class FaultyFlushTarget:
         self.calls["checkpoint"] += 1
         return await self.inner.checkpoint(thread_id, messages, run, metadata=metadata)
 
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        """Forwarded."""
+        self.calls["append"] += 1
+        return await self.inner.append(thread_id, messages, run, metadata=metadata)
+
     async def load_thread(self, thread_id: str) -> Thread | None:
         """Forwarded."""
         self.calls["load_thread"] += 1

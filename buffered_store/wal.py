@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import nats
 import nats.errors
 import nats.js.errors as jse
+import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -41,6 +42,8 @@ T = TypeVar("T")
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 WRONG_LAST_SEQUENCE = 10071
+KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
+"""Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,8 @@ class Wal:
         self.requests = 0
         """Requests sent to the server so far (each is one round trip)."""
         self._hot: KeyValue | None = None
+        self._hot_prefix = f"$KV.{config.hot_bucket}."
+        """Subject prefix of the hot bucket's keys (no JetStream domain is used)."""
         self._quarantine: KeyValue | None = None
         self._count_requests()
 
@@ -313,8 +318,24 @@ class Wal:
         """
         headers = {MSG_ID: msg_id, EXPECTED_LAST_SUBJECT_SEQ: str(expected_last_subject_seq)}
         async with translated(f"publish {subject}"):
-            ack = await self.js.publish(subject, payload, headers=headers)
-        return ack.seq, bool(ack.duplicate)
+            return await self._js_publish(subject, payload, headers)
+
+    async def _js_publish(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> tuple[int, bool]:
+        """`JetStreamContext.publish` on the hot path, minus its layers: one request and
+        the ack parsed with orjson. Errors are nats-py's own, for `translated`."""
+        try:
+            msg = await self.nc.request(
+                subject, payload, timeout=self.config.request_timeout_s, headers=headers
+            )
+        except nats.errors.NoRespondersError:
+            raise jse.NoStreamResponseError from None
+        ack = orjson.loads(msg.data)
+        error = ack.get("error")
+        if error is not None:
+            raise jse.APIError.from_error(error)
+        return int(ack["seq"]), bool(ack.get("duplicate"))
 
     async def get(self, seq: int) -> StoredMsg | None:
         """The message at a stream seq, or None when absent."""
@@ -421,11 +442,14 @@ class Wal:
             try:
                 if revision is None:
                     return await self.hot.create(key, value)
-                return await self.hot.update(key, value, last=revision)
+                # `KeyValue.update` is this publish with the expected last subject seq.
+                headers = {EXPECTED_LAST_SUBJECT_SEQ: str(revision)}
+                seq, _ = await self._js_publish(self._hot_prefix + key, value, headers)
+                return seq
             except jse.KeyWrongLastSequenceError as exc:
                 raise ConflictError(f"update {key}: the key changed meanwhile") from exc
             except jse.APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE or "wrong last sequence" in str(exc):
+                if exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc):
                     raise ConflictError(f"update {key}: the key changed meanwhile") from exc
                 raise
 

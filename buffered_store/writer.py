@@ -9,6 +9,7 @@ values come from this instance's cursor of the thread, so nothing is read first.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 from collections import OrderedDict
@@ -152,9 +153,17 @@ class Writer:
         self.cursors = CursorCache(config.cursor_cache_threads)
         self.conflicts = 0
         self.wal_bytes = 0
+        # Nonces: random per instance, then a counter (unique without a syscall per call).
+        self._nonce_prefix = secrets.token_hex(8)
+        self._nonces = itertools.count(1)
         max_payload = getattr(wal.nc, "max_payload", 0) or 1024 * 1024
         # Leave room for headers and the publish envelope.
         self.max_entry_bytes = int(max_payload) - 4096
+
+    def nonce(self) -> str:
+        """A nonce identifying one write call (tells our publish from another writer's,
+        also another instance's: the random prefix is drawn once per instance)."""
+        return f"{self._nonce_prefix}{next(self._nonces):x}"
 
     def subject(self, thread_id: str) -> str:
         """WAL subject of a thread."""
@@ -224,10 +233,10 @@ class Writer:
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
         attempt: AppendAttempt,
-    ) -> tuple[WalEntry, Cursor]:
+    ) -> tuple[WalEntry, int, Cursor]:
         """Publish the entry `build` makes from the current cursor, retrying on conflicts.
 
-        Returns the published entry (with its stream seq) and the cursor it was built on;
+        Returns the published entry, its stream seq and the cursor it was built on;
         `attempt` records whether a publish went out.
         """
         cursor = await self.cursor(thread_id)
@@ -241,7 +250,7 @@ class Writer:
                 self.cursors.put(thread_id, cursor)
                 continue
             self.wal_bytes += len(payload)
-            return replace(entry, stream_seq=stream_seq), cursor
+            return entry, stream_seq, cursor
         raise ConflictError(f"thread {thread_id!r}: too many concurrent writers, gave up")
 
     async def _publish(
@@ -319,25 +328,27 @@ class Writer:
         self,
         thread_id: str,
         entry: WalEntry,
+        stream_seq: int,
         base: Cursor,
-        snapshot: list[bytes],
+        snapshot: list[bytes] | None,
     ) -> Cursor:
-        """The cursor after `entry` was published on top of `base`."""
+        """The cursor after `entry` was published at `stream_seq` on top of `base`.
+
+        `snapshot` is the thread's snapshot at `entry` when the caller knows it; None
+        derives it from `base` (an append: the base's snapshot, when known, extended).
+        """
+        if snapshot is None:
+            snapshot = _appended_snapshot(base.snapshot, entry)
         cursor = Cursor(
             seq=entry.seq,
-            stream_seq=entry.stream_seq,
-            hot=advance_hot(base.hot, entry, entry.stream_seq, window=self.config.recent_window),
+            stream_seq=stream_seq,
+            hot=advance_hot(base.hot, entry, stream_seq, window=self.config.recent_window),
             revision=base.revision,
             snapshot=snapshot,
             runs=base.runs,
         )
         self.cursors.put(thread_id, cursor)
         return cursor
-
-
-def now_writer_nonce() -> str:
-    """A nonce identifying one write call (tells our publish from another writer's)."""
-    return secrets.token_hex(8)
 
 
 def _entry_of(thread_id: str, msg: StoredMsg) -> WalEntry | None:
@@ -369,6 +380,20 @@ def _advance_snapshot(snapshot: list[bytes] | None, entry: WalEntry) -> list[byt
     if snapshot is None or entry.keep > len(snapshot):
         return None
     return apply_delta(snapshot, entry.keep, entry.messages)
+
+
+def _appended_snapshot(snapshot: list[bytes] | None, entry: WalEntry) -> list[bytes] | None:
+    """`_advance_snapshot` for the entry just written on top of the cursor that owns
+    `snapshot`: an append extends the list in place instead of copying the history.
+
+    Safe because that cursor is replaced by the new one and its list is nobody else's:
+    cursors hand their snapshot out only to readers that decode it before yielding.
+    """
+    extends = entry.kind is EntryKind.CHECKPOINT and entry.keep > 0
+    if extends and snapshot is not None and entry.keep == len(snapshot):
+        snapshot.extend(entry.messages)
+        return snapshot
+    return _advance_snapshot(snapshot, entry)
 
 
 def _merge_recent(record: HotRecord, stored: HotRecord, window: int) -> HotRecord:

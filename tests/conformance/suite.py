@@ -33,6 +33,7 @@ injected ones alike.
 
 from __future__ import annotations
 
+from .appending import AppendContract
 from .concurrency import ConcurrencyContract
 from .deletion import DeletionContract
 from .helpers import fresh_id
@@ -50,6 +51,7 @@ __all__ = ["ThreadRunStoreContract", "fresh_id"]
 
 class ThreadRunStoreContract(
     SnapshotContract,
+    AppendContract,
     ThreadSummaryContract,
     RunContract,
     ListRunsContract,

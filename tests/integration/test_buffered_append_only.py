@@ -122,3 +122,36 @@ async def test_a_snapshot_too_large_for_one_wal_entry_is_refused_and_nothing_wri
     assert (await store.checkpoint(thread, make_messages(3), run)).thread_seq == 2
     assert await store.force_flush(thread) == 2
     assert await inner.load_messages(thread) == make_messages(3)
+
+
+async def test_appends_from_two_instances_send_only_new_messages(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """`append` entries carry only the new messages, whatever the history and whichever
+    instance writes: a cold instance appends on top of the other's latest entry (learnt
+    from the hot record, without the snapshot), and the warm one continues after it
+    through the per-thread compare-and-set."""
+    inner, other_inner = inner_pair
+    store = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    run = make_run(thread)
+    history = make_messages(600, size=MESSAGE_SIZE)
+    await store.checkpoint(thread, history[:400], run)
+    costs = []
+    for index in range(400, 598):
+        before = store.stats()["wal_bytes"]
+        await store.append(thread, history[index : index + 1], run)
+        costs.append(store.stats()["wal_bytes"] - before)
+    assert max(costs) <= MAX_DELTA_BYTES
+    assert costs[-1] <= costs[0] + 16  # seq digits aside, no growth with the history
+
+    cold = await open_store(other_inner, drain_on_close=False)
+    receipt = await cold.append(thread, history[598:599], run.replace(steps=1))
+    assert receipt.thread_seq == 200
+    assert 0 < cold.stats()["wal_bytes"] <= MAX_DELTA_BYTES
+    # The warm instance's cursor is stale now: its append conflicts, reloads and lands after.
+    final = await store.append(thread, history[599:], run.replace(steps=2))
+    assert final.thread_seq == 201
+    assert await cold.load_messages(thread) == history
+    assert await store.force_flush(thread) == 201
+    assert await inner.load_messages(thread) == history

@@ -81,6 +81,18 @@ class FlushedWrites:
         await self.store.force_flush(thread_id)
         return receipt
 
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        receipt = await self.store.append(thread_id, messages, run, metadata=metadata)
+        await self.store.force_flush(thread_id)
+        return receipt
+
     async def delete_thread(self, thread_id: str) -> None:
         await self.store.delete_thread(thread_id)
         await self.store.force_flush(thread_id)

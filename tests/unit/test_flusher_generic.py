@@ -48,6 +48,19 @@ class PlainStore:
             raise self.fail_with
         return await self.inner.checkpoint(thread_id, messages, run, metadata=metadata)
 
+    async def append(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointReceipt:
+        self.calls["append"] += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        return await self.inner.append(thread_id, messages, run, metadata=metadata)
+
     async def delete_thread(self, thread_id: str) -> None:
         self.calls["delete_thread"] += 1
         await self.inner.delete_thread(thread_id)

@@ -1,0 +1,261 @@
+"""Writer CPU per checkpoint: the buffered write path next to the raw publish + KV CAS loop.
+
+Not a benchmark scenario: a small, reproducible probe for tuning the hot path. It runs
+checkpoints on 1 thread (one call in flight) and on 64 threads (one call in flight per
+thread) at several history lengths, with an `InMemoryThreadRunStore` inner store and no
+flusher, and reports client CPU (`time.process_time`) per checkpoint, which stays
+meaningful on a busy shared machine where wall time does not. The raw loop does what
+`benchmarks/scenarios/raw.py` does: publish with the expected last subject seq, then a KV
+update with the revision cached from the previous one.
+
+    .venv/bin/python -m benchmarks.profile_writer                 # own nats-server
+    NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m benchmarks.profile_writer
+    .venv/bin/python -m benchmarks.profile_writer --api append       # append() instead
+    .venv/bin/python -m benchmarks.profile_writer --profile out.pstats --history 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import orjson
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+
+from benchmarks.workload import message
+from buffered_store.buffered import BufferedThreadRunStore
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.devservices import NatsServer
+from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.records import Message, RunRecord
+
+
+@dataclass
+class Probe:
+    """One thread of a probe: its history and run, grown by one step per checkpoint."""
+
+    index: int
+    thread_id: str
+    history: list[Message]
+    run: RunRecord
+    step: int = 0
+
+    def advance(self, per_step: int, size: int) -> None:
+        """Append the next step's messages (new dict objects, like an agent runtime)."""
+        self.step += 1
+        for k in range(per_step):
+            self.history.append(message(self.index, self.step, k, size, None))
+        self.run = self.run.replace(steps=self.step)
+
+
+def probes(prefix: str, threads: int, history: int, size: int) -> list[Probe]:
+    """Threads with `history` seed messages each."""
+    out = []
+    for i in range(threads):
+        thread_id = f"{prefix}-{i}"
+        seed = [message(i, 0, k, size, None) for k in range(history)]
+        run = RunRecord(run_id=f"{thread_id}-run", thread_id=thread_id, agent_id="agent")
+        out.append(Probe(i, thread_id, seed, run))
+    return out
+
+
+async def measure(
+    states: list[Probe],
+    steps: int,
+    checkpoint: Callable[[Probe], Awaitable[Any]],
+    *,
+    per_step: int,
+    size: int,
+    profiler: cProfile.Profile | None = None,
+) -> tuple[float, float]:
+    """Run `steps` checkpoints per thread; (CPU µs, wall µs) per checkpoint."""
+
+    async def one(state: Probe) -> None:
+        for _ in range(steps):
+            state.advance(per_step, size)
+            await checkpoint(state)
+
+    with _profiling(profiler):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(one(s) for s in states))
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+    n = steps * len(states)
+    return (cpu1 - cpu0) / n * 1e6, (wall1 - wall0) / n * 1e6
+
+
+@contextmanager
+def _profiling(profiler: cProfile.Profile | None) -> Iterator[None]:
+    if profiler is None:
+        yield
+        return
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+
+
+async def buffered_case(
+    url: str,
+    threads: int,
+    history: int,
+    steps: int,
+    args: argparse.Namespace,
+    profiler: cProfile.Profile | None,
+) -> tuple[float, float, float]:
+    """(CPU µs, wall µs, NATS requests) per checkpoint of the buffered store."""
+    tag = uuid.uuid4().hex[:8]
+    config = BufferedStoreConfig(
+        nats_url=url,
+        stream_name=f"PW_{tag}",
+        hot_bucket=f"pw-hot-{tag}",
+        quarantine_bucket=f"pw-q-{tag}",
+        consumer_name=f"pw-{tag}",
+        drain_on_close=False,
+    )
+    store = await BufferedThreadRunStore.connect(InMemoryThreadRunStore(), config)
+    try:
+        states = probes(f"b{tag}", threads, history, args.size)
+
+        async def checkpoint(state: Probe) -> None:
+            if args.api == "append" and state.step > 1:
+                new = state.history[-args.per_step :]
+                await store.append(state.thread_id, new, state.run)
+            else:
+                await store.checkpoint(state.thread_id, state.history, state.run)
+
+        # Warm-up (unmeasured): the cold checkpoint with the full history, and one append.
+        await measure(states, 2, checkpoint, per_step=args.per_step, size=args.size)
+        before = store.stats()["nats_requests"]
+        cpu, wall = await measure(
+            states, steps, checkpoint, per_step=args.per_step, size=args.size, profiler=profiler
+        )
+        requests = (store.stats()["nats_requests"] - before) / (steps * threads)
+    finally:
+        await store.wal.js.delete_stream(config.stream_name)
+        await store.close()
+    return cpu, wall, requests
+
+
+async def raw_case(
+    url: str, threads: int, history: int, steps: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """(CPU µs, wall µs) per iteration of the raw publish + KV CAS loop."""
+    tag = uuid.uuid4().hex[:8]
+    stream, bucket = f"RAWP_{tag}", f"rawp-{tag}"
+    nc = await nats.connect(url, name="profile-raw")
+    js = nc.jetstream(timeout=5)
+    await js.add_stream(
+        StreamConfig(
+            name=stream, subjects=[f"{stream}.>"], storage=StorageType.FILE, allow_direct=True
+        )
+    )
+    kv = await js.create_key_value(
+        KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE, direct=True)
+    )
+    last_seq: dict[str, int] = {}
+    revision: dict[str, int] = {}
+
+    async def checkpoint(state: Probe) -> None:
+        new = state.history[-args.per_step :]
+        payload = orjson.dumps(
+            {
+                "t": state.thread_id,
+                "s": state.step,
+                "keep": len(state.history) - len(new),
+                "m": new,
+                "run": {"id": state.run.run_id, "steps": state.run.steps, "status": "running"},
+            }
+        )
+        headers = {
+            "Nats-Msg-Id": f"{state.thread_id}:{state.step}",
+            "Nats-Expected-Last-Subject-Sequence": str(last_seq.get(state.thread_id, 0)),
+        }
+        ack = await js.publish(f"{stream}.{state.index}", payload, headers=headers)
+        last_seq[state.thread_id] = ack.seq
+        hot = orjson.dumps({"seq": state.step, "stream_seq": ack.seq, "n": len(state.history)})
+        key = f"t{state.index}"
+        rev = revision.get(state.thread_id)
+        revision[state.thread_id] = (
+            await kv.update(key, hot, last=rev) if rev else await kv.create(key, hot)
+        )
+
+    try:
+        states = probes(f"r{tag}", threads, history, args.size)
+        await measure(states, 2, checkpoint, per_step=args.per_step, size=args.size)
+        return await measure(states, steps, checkpoint, per_step=args.per_step, size=args.size)
+    finally:
+        await js.delete_stream(stream)
+        await js.delete_key_value(bucket)
+        await nc.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    """Every case, one table row each."""
+    url = args.nats_url or os.environ.get("NATS_URL")
+    server = None
+    if url is None:
+        server = NatsServer()
+        server.start()
+        url = server.url
+    profiler = cProfile.Profile() if args.profile else None
+    try:
+        print(
+            f"nats {url}; {args.per_step} message(s) of ~{args.size} B appended per step; "
+            f"buffered side calls {args.api}()"
+        )
+        print(f"{'side':<9}{'threads':>8}{'history':>9}{'ckpts':>7}{'cpu µs':>9}{'wall µs':>9}")
+        for threads in args.threads:
+            # Capped so the history grows little while it is measured.
+            steps = max(1, min(args.max_steps, args.checkpoints // threads))
+            for history in args.history:
+                if not args.no_raw:
+                    cpu, wall = await raw_case(url, threads, history, steps, args)
+                    n = steps * threads
+                    print(f"{'raw':<9}{threads:>8}{history:>9}{n:>7}{cpu:>9.0f}{wall:>9.0f}")
+                cpu, wall, req = await buffered_case(url, threads, history, steps, args, profiler)
+                n = steps * threads
+                print(
+                    f"{'buffered':<9}{threads:>8}{history:>9}{n:>7}{cpu:>9.0f}{wall:>9.0f}"
+                    f"   ({req:.2f} NATS requests/ckpt)"
+                )
+    finally:
+        if server is not None:
+            server.close()
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+        print(f"profile of the buffered cases written to {args.profile}")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_writer", description=__doc__)
+    p.add_argument("--nats-url", help="use this server (default: $NATS_URL, else start one)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--history", type=int, nargs="+", default=[50, 500, 2000])
+    p.add_argument("--checkpoints", type=int, default=640, help="measured, over all threads")
+    p.add_argument("--max-steps", type=int, default=100, help="measured, per thread")
+    p.add_argument("--per-step", type=int, default=2, help="messages appended per step")
+    p.add_argument("--size", type=int, default=300, help="approximate bytes per message")
+    p.add_argument(
+        "--api",
+        choices=["checkpoint", "append"],
+        default="checkpoint",
+        help="buffered side: full snapshots (checkpoint) or the new messages only (append)",
+    )
+    p.add_argument("--no-raw", action="store_true", help="skip the raw loop")
+    p.add_argument("--profile", help="write a cProfile of the buffered cases to this file")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
