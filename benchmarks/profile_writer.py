@@ -8,10 +8,10 @@ meaningful on a busy shared machine where wall time does not. The raw loop does 
 `benchmarks/scenarios/raw.py` does: publish with the expected last subject seq, then a KV
 update with the revision cached from the previous one.
 
-    .venv/bin/python -m benchmarks.profile_writer                 # own nats-server
-    NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m benchmarks.profile_writer
-    .venv/bin/python -m benchmarks.profile_writer --api append       # append() instead
-    .venv/bin/python -m benchmarks.profile_writer --profile out.pstats --history 2000
+    .venv/bin/python -m buffered_store.benchmarks.profile_writer                 # own nats-server
+    NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m buffered_store.benchmarks.profile_writer
+    .venv/bin/python -m buffered_store.benchmarks.profile_writer --api append  # append()
+    .venv/bin/python -m buffered_store.benchmarks.profile_writer --profile out.pstats --history 2000
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import nats
 import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
-from benchmarks.workload import message
 from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.devservices import NatsServer
 from buffered_store.memory import InMemoryThreadRunStore
 from buffered_store.records import Message, RunRecord
+
+from .workload import message
 
 
 @dataclass
@@ -238,7 +239,9 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_writer", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m buffered_store.benchmarks.profile_writer", description=__doc__
+    )
     p.add_argument("--nats-url", help="use this server (default: $NATS_URL, else start one)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 64])
     p.add_argument("--history", type=int, nargs="+", default=[50, 500, 2000])
