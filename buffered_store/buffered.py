@@ -21,6 +21,7 @@ from buffered_store.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     check_page,
+    run_owned_elsewhere,
     validate_checkpoint,
 )
 from buffered_store.config import BufferedStoreConfig
@@ -29,16 +30,16 @@ from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
     ConflictError,
+    DatabaseUnavailableError,
     FlushTimeoutError,
     PayloadTooLargeError,
-    RunOwnershipError,
     StoreClosedError,
     StoreError,
     ValidationError,
     WalUnavailableError,
 )
 from buffered_store.flushing import ThreadLog, flush_thread
-from buffered_store.keys import run_key
+from buffered_store.keys import decode_run_claim, encode_run_claim, run_key
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
 from buffered_store.pending import PendingIndex, PendingThread
 from buffered_store.planning import ThreadView, fold
@@ -234,6 +235,17 @@ class BufferedThreadRunStore:
         nonce = self._writer.nonce()
 
         def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
+            if run.run_id not in cursor.runs:
+                raise _ClaimLost
+            if append and cursor.jump:
+                # The thread's stored messages are unknown (the inner store did not answer
+                # for a thread the WAL has never seen): an append has nothing to extend.
+                self._writer.cursors.drop(thread_id)  # the next call asks the store again
+                raise DatabaseUnavailableError(
+                    f"append to thread {thread_id!r}: its stored history could not be read "
+                    "(the inner store is unavailable) and the WAL has none; nothing was "
+                    "written. Retry, or checkpoint() the full snapshot"
+                )
             entry = build_checkpoint_entry(
                 call,
                 previous=cursor.hot.thread if cursor.hot else None,
@@ -245,17 +257,32 @@ class BufferedThreadRunStore:
             )
             return entry, self._encode(entry, cursor)
 
+        async def claimed_write(deadline: float) -> tuple[WalEntry, int]:
+            # The run's claim must hold on the cursor the entry is built on: a cursor
+            # reloaded after a conflict that saw the thread deleted has dropped it.
+            for _ in range(MAX_RECLAIMS):
+                await self._claim_run(thread_id, run.run_id, deadline)
+                try:
+                    return await self._write(thread_id, build, snapshot, deadline)
+                except _ClaimLost:
+                    continue
+            raise ConflictError(f"thread {thread_id!r} keeps being deleted under this write")
+
         async def write() -> CheckpointReceipt:
-            await self._claim_run(thread_id, run.run_id)
+            loop = asyncio.get_running_loop()
             try:
-                entry, stream_seq = await self._write(thread_id, build, snapshot)
+                entry, stream_seq = await claimed_write(
+                    loop.time() + self.config.checkpoint_timeout_s
+                )
             except PayloadTooLargeError:
                 # A cold cursor sends the whole snapshot; for a thread larger than a WAL
                 # message, learn its snapshot once and send the delta instead. (An append
                 # sends only its new messages: knowing the snapshot would not help.)
                 if append or not await self._prime_snapshot(thread_id):
                     raise
-                entry, stream_seq = await self._write(thread_id, build, snapshot)
+                entry, stream_seq = await claimed_write(
+                    loop.time() + self.config.checkpoint_timeout_s
+                )
             return CheckpointReceipt(
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
             )
@@ -292,32 +319,75 @@ class BufferedThreadRunStore:
 
         await self._locks.run(thread_id, write)
 
-    async def _claim_run(self, thread_id: str, run_id: str) -> None:
-        """Claim `run_id` for the thread in the KV run index before anything is written.
+    async def _claim_run(self, thread_id: str, run_id: str, deadline: float) -> None:
+        """Claim `run_id` for the thread in the KV run claims before anything is written.
 
         Runs are keyed by id alone: a run id checkpointed on a second thread would move
         the run. The claim is a create-if-absent, made once per run and instance (one
         round trip on a run's first checkpoint, none after). An existing claim by another
-        thread is honoured while that thread still has the run, else taken over (the
-        thread was deleted, or the checkpoint that claimed it never landed).
+        thread is honoured while that thread holds the run, and for `run_claim_grace_s`
+        after it was made even when it does not (yet): the checkpoint that claimed it may
+        still be on its way. After that the claim is stale (the thread was deleted, or
+        its checkpoint never landed) and is taken over. Retried while NATS is
+        unreachable, until `deadline` (the checkpoint's).
         """
         cursor = await self._writer.cursor(thread_id)
         if run_id in cursor.runs:
             return
+        delay = 0.05
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    try:
+                        if await self._try_claim(thread_id, run_id):
+                            break
+                    except WalUnavailableError:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+        except TimeoutError as exc:
+            raise WalUnavailableError(
+                f"checkpoint of thread {thread_id!r}: could not claim run {run_id!r} in time"
+            ) from exc
+        cursor.runs.add(run_id)
+
+    async def _try_claim(self, thread_id: str, run_id: str) -> bool:
+        """One claiming attempt: True when the thread holds the claim, False to retry."""
         key = run_key(run_id)
-        mine = thread_id.encode("utf-8")
+        now_us = round(self._clock().timestamp() * 1e6)
+        mine = encode_run_claim(thread_id, now_us)
         try:
             await self.wal.kv_swap(key, mine, revision=None)
+            return True
         except ConflictError:
-            current = await self.wal.kv_get(key)
-            owner = current.value.decode("utf-8") if current else None
-            if owner != thread_id:
-                run = await self._load_run_overlay(run_id)
-                if run is not None and run.thread_id != thread_id:
-                    raise _owned(run_id, run.thread_id) from None
-                revision = current.revision if current else None
-                await self.wal.kv_swap(key, mine, revision=revision)
-        cursor.runs.add(run_id)
+            pass
+        current = await self.wal.kv_get(key)
+        if current is None:
+            return False  # deleted meanwhile: create it again
+        owner, claimed_at_us = decode_run_claim(current.value)
+        if owner != thread_id:
+            run, owner_hot = await asyncio.gather(
+                self._load_run_overlay(run_id), self._log.hot(owner)
+            )
+            if run is not None and run.thread_id != thread_id:
+                raise run_owned_elsewhere(run_id, run.thread_id, thread_id)
+            # Deleted after the claim (both are in the hot bucket's stream, so revisions
+            # order them): a checkpoint built before the delete fails its CAS and, once
+            # it has seen the delete, claims again (see `_ClaimLost`).
+            deleted_since = (
+                owner_hot is not None
+                and owner_hot.record.thread is None
+                and owner_hot.revision > current.revision
+            )
+            lapsed = now_us - claimed_at_us >= self.config.run_claim_grace_s * 1e6
+            if run is None and not (deleted_since or lapsed):
+                raise run_owned_elsewhere(run_id, owner, thread_id)
+        # Our own claim is written again too, so that it is newer than any delete of the
+        # thread this instance has seen.
+        try:
+            await self.wal.kv_swap(key, mine, revision=current.revision)
+        except ConflictError:
+            return False  # claimed by someone else meanwhile: judge the new claim
+        return True
 
     def _encode(self, entry: WalEntry, cursor: Cursor) -> bytes:
         payload = encode_entry(entry)
@@ -334,14 +404,18 @@ class BufferedThreadRunStore:
         thread_id: str,
         build: Callable[[Cursor], tuple[WalEntry, bytes]],
         snapshot: list[bytes] | None,
+        deadline: float | None = None,
     ) -> tuple[WalEntry, int]:
         """Publish the entry, then advance the hot record; returns the entry and its
-        stream seq. Both round trips share the checkpoint's `checkpoint_timeout_s`."""
+        stream seq. Both round trips share the checkpoint's `checkpoint_timeout_s` (or
+        what is left of it at `deadline`, a loop time)."""
         attempt = AppendAttempt()
         written: WalEntry | None = None
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self.config.checkpoint_timeout_s
         try:
             # One timeout scope for both round trips (a second one costs a timer per call).
-            async with asyncio.timeout(self.config.checkpoint_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 entry, stream_seq, base = await self._writer.append(thread_id, build, attempt)
                 written = entry
                 cursor = self._writer.record_written(thread_id, entry, stream_seq, base, snapshot)
@@ -359,13 +433,13 @@ class BufferedThreadRunStore:
                     thread_id=thread_id,
                     thread_seq=written.seq,
                 ) from exc
-            if not isinstance(exc, TimeoutError):
+            if not attempt.sent and not isinstance(exc, TimeoutError):
                 raise  # refused before or by the publish: nothing is in the WAL
             self._writer.cursors.drop(thread_id)
             if attempt.sent:
                 self._stats["commit_unknown"] += 1
                 raise CommitUnknownError(
-                    f"checkpoint of thread {thread_id!r}: the WAL did not confirm in time; "
+                    f"checkpoint of thread {thread_id!r}: the WAL did not confirm it ({exc!r}); "
                     "it may or may not have been stored",
                     thread_id=thread_id,
                 ) from exc
@@ -620,7 +694,12 @@ class BufferedThreadRunStore:
             stored = 0  # inner store unreachable: the KV mark still tells
         flushed = max(stored, mark.seq if mark else 0)
         latest = max(hot.record.seq if hot else 0, flushed)
-        return FlushStatus(thread_id=thread_id, latest_seq=latest, flushed_seq=flushed)
+        return FlushStatus(
+            thread_id=thread_id,
+            latest_seq=latest,
+            flushed_seq=flushed,
+            pending_from=hot.record.chain_from if hot else 0,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -671,6 +750,15 @@ class BufferedThreadRunStore:
             raise StoreClosedError("the buffered store is closed")
 
 
+MAX_RECLAIMS = 5
+"""Claims of a run one checkpoint makes before it gives up (each after a delete)."""
+
+
+class _ClaimLost(Exception):
+    """The cursor an entry was about to be built on has dropped the run's claim (it saw
+    the thread deleted since the claim): claim again, then build."""
+
+
 def _failure_kind(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         return "invalid"  # the caller's input (too large included): nothing was written
@@ -681,14 +769,6 @@ def _failure_kind(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return "error"
-
-
-def _owned(run_id: str, owner: str) -> RunOwnershipError:
-    return RunOwnershipError(
-        f"run {run_id!r} belongs to thread {owner!r}; a run id cannot move to another thread",
-        run_id=run_id,
-        owner_thread_id=owner,
-    )
 
 
 def _base_view(stored: StoredThread) -> ThreadView:

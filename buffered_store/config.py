@@ -149,6 +149,10 @@ class BufferedStoreConfig(EngineConfig):
     """Stream seqs of the latest entries kept in the hot record for direct reads."""
     cursor_cache_threads: int = 4096
     """Threads whose last snapshot this instance keeps to send append-only deltas."""
+    run_claim_grace_s: float = 300.0
+    """How long a run id claimed by a thread that does not (yet) hold the run stays
+    reserved to it: the claiming checkpoint may still be in flight (a publish buffered
+    across a reconnect lands late). After that, another thread may take the run id over."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -157,7 +161,7 @@ class BufferedStoreConfig(EngineConfig):
                 object.__setattr__(self, "read_consistency", ReadConsistency(self.read_consistency))
             except ValueError:
                 raise ConfigError(f"unknown read_consistency {self.read_consistency!r}") from None
-        for name in ("checkpoint_timeout_s", "drain_timeout_s"):
+        for name in ("checkpoint_timeout_s", "drain_timeout_s", "run_claim_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
         for name in ("recent_window", "cursor_cache_threads"):

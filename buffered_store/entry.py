@@ -14,7 +14,7 @@ and applies on top of any stored state with a lower seq.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -75,6 +75,30 @@ class WalEntry:
         )
 
 
+_RUN_JSON_CACHE = 1024
+_run_json: dict[int, tuple[RunRecord, bytes, orjson.Fragment]] = {}
+
+
+def run_json(run: RunRecord) -> tuple[bytes, orjson.Fragment]:
+    """The run's JSON (bytes, and a fragment to splice into a document), encoded once per
+    `RunRecord` object.
+
+    A checkpoint's run goes into its entry and its hot record, and a hot record carries
+    the last few runs from one checkpoint to the next as the same objects: without this,
+    every checkpoint would encode up to five runs. Keyed by identity (records are frozen),
+    the entry holding the object so its id cannot be reused while cached.
+    """
+    hit = _run_json.get(id(run))
+    if hit is not None and hit[0] is run:
+        return hit[1], hit[2]
+    data = orjson.dumps(run.to_json())
+    fragment = orjson.Fragment(data)
+    if len(_run_json) >= _RUN_JSON_CACHE:
+        _run_json.clear()
+    _run_json[id(run)] = (run, data, fragment)
+    return data, fragment
+
+
 def encode_entry(entry: WalEntry) -> bytes:
     """Wire bytes of an entry; message bytes are spliced in without re-encoding."""
     head: dict[str, Any] = {
@@ -91,7 +115,7 @@ def encode_entry(entry: WalEntry) -> bytes:
         head.update(
             keep=entry.keep,
             n=entry.message_count,
-            run=entry.run.to_json() if entry.run else None,
+            run=run_json(entry.run)[1] if entry.run else None,
             c=(entry.created_at or entry.at).isoformat(),
             p=entry.parent_thread_id,
             md=dict(entry.metadata),
@@ -192,6 +216,9 @@ class HotRecord:
     """Every run written by an entry with seq >= `runs_from` is in `runs` (0: unknown)."""
     deleted_seq: int = 0
     """Seq of the thread's latest delete entry known to this record (0: none)."""
+    chain_from: int = 0
+    """First seq of the chain `seq` belongs to: no entry sits between a lower stored seq
+    and it (a jump, see `WalEntry.jump`). 0: unknown (records older than the field)."""
 
     def stream_seq_of(self, seq: int) -> int | None:
         """Stream sequence of the entry with this thread seq, if still in `recent`."""
@@ -207,7 +234,7 @@ class HotRecord:
 
 def seeded_hot(seq: int, thread: Thread | None) -> HotRecord:
     """The hot record of a thread the WAL has not seen yet, continuing at `seq`."""
-    return HotRecord(seq=seq, stream_seq=0, thread=thread, runs_from=seq + 1)
+    return HotRecord(seq=seq, stream_seq=0, thread=thread, runs_from=seq + 1, chain_from=1)
 
 
 def advance_hot(
@@ -219,12 +246,13 @@ def advance_hot(
     runs = previous.runs if previous is not None and follows else ()
     runs_from = previous.runs_from if previous is not None and follows else entry.seq
     deleted_seq = previous.deleted_seq if previous is not None else 0
+    chain_from = previous.chain_from if previous is not None and follows else entry.seq
     if entry.kind is EntryKind.DELETE:
         runs, runs_from, deleted_seq = (), entry.seq, entry.seq
     elif entry.run is not None:
         run_id = entry.run.run_id
         others = tuple(item for item in runs if item[0].run_id != run_id)
-        if len(orjson.dumps(entry.run.to_json())) > HOT_RUN_MAX_BYTES:
+        if len(run_json(entry.run)[0]) > HOT_RUN_MAX_BYTES:
             runs, runs_from = others, entry.seq + 1
         else:
             runs = ((entry.run, entry.seq), *others)
@@ -239,6 +267,7 @@ def advance_hot(
         runs=runs,
         runs_from=runs_from,
         deleted_seq=deleted_seq,
+        chain_from=chain_from,
     )
 
 
@@ -250,11 +279,22 @@ def encode_hot(record: HotRecord) -> bytes:
             "ss": record.stream_seq,
             "th": record.thread.to_json() if record.thread else None,
             "r": record.recent,
-            "ru": [[run.to_json(), seq] for run, seq in record.runs],
+            "ru": [[run_json(run)[1], seq] for run, seq in record.runs],
             "rf": record.runs_from,
             "ds": record.deleted_seq,
+            "cf": record.chain_from,
         }
     )
+
+
+def encode_hot_within(record: HotRecord, limit: int) -> bytes:
+    """`encode_hot`, without the run versions when they would take the record over
+    `limit` bytes (a KV value is a NATS message): readers then find the runs in the
+    entries, as `runs_from` past `seq` tells them."""
+    data = encode_hot(record)
+    if len(data) <= limit or not record.runs:
+        return data
+    return encode_hot(replace(record, runs=(), runs_from=record.seq + 1))
 
 
 def decode_hot(data: bytes) -> HotRecord:
@@ -270,6 +310,7 @@ def decode_hot(data: bytes) -> HotRecord:
             runs=tuple((RunRecord.from_json(run), int(seq)) for run, seq in raw.get("ru", ())),
             runs_from=int(raw.get("rf", 0)),
             deleted_seq=int(raw.get("ds", 0)),
+            chain_from=int(raw.get("cf", 0)),
         )
     except Exception as exc:
         raise CorruptEntryError(f"malformed hot record: {exc!r}") from exc

@@ -74,8 +74,27 @@ def flushed_key(thread_id: str) -> str:
 
 
 def run_key(run_id: str) -> str:
-    """KV key mapping a run id to its thread (written once per run)."""
+    """KV key of a run's claim: which thread owns the run id (see `encode_run_claim`)."""
     return f"r.{encode_token(check_id(run_id, 'run_id'))}"
+
+
+def encode_run_claim(thread_id: str, claimed_at_us: int) -> bytes:
+    """KV value of a run claim: the owning thread and when it was claimed (µs since the
+    epoch, the claimer's clock), joined by a NUL, which ids never contain."""
+    return f"{thread_id}\x00{claimed_at_us}".encode()
+
+
+def decode_run_claim(value: bytes) -> tuple[str, int]:
+    """(thread id, claimed at µs) of a run claim; claims written before the time was
+    recorded (the bare thread id) read as claimed at 0, i.e. long ago."""
+    text = value.decode("utf-8")
+    thread_id, sep, at = text.partition("\x00")
+    if not sep:
+        return text, 0
+    try:
+        return thread_id, int(at)
+    except ValueError:
+        return thread_id, 0
 
 
 def msg_id(thread_id: str, seq: int) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 
 from buffered_store.entry import HotRecord, decode_hot
-from buffered_store.errors import ConflictError, CorruptEntryError
+from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
 from buffered_store.keys import decode_token, hot_key
 from buffered_store.wal import Wal
 
@@ -34,8 +34,11 @@ log = logging.getLogger("buffered_store.pending")
 
 FLOOR_KEY = "floor.pending"
 """KV key (hot bucket) of the pending-thread floor."""
-MAX_HELD = 256
-"""Most pending threads the floor lists below itself; beyond that the floor stays put."""
+MAX_HELD_BYTES = 256 * 1024
+"""Budget of the thread ids the floor lists below itself (UTF-8 bytes, plus 4 per id for
+the JSON around it); beyond that the floor stays put. Each id is at most 512 bytes, so at
+least 500 threads fit, and about 6,000 of 40-byte ids (quarantined threads stay pending
+until an operator resolves them, and are held all that time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +83,27 @@ def decode_floor(data: bytes) -> Floor:
 
 
 def plan_floor(
-    floor: Floor, pending: Sequence[HotAt], scanned_upto: int, *, max_held: int = MAX_HELD
+    floor: Floor,
+    pending: Sequence[HotAt],
+    scanned_upto: int,
+    *,
+    max_held_bytes: int = MAX_HELD_BYTES,
 ) -> Floor:
     """The floor after a scan that read every hot record up to `scanned_upto`.
 
-    Pending threads sitting below the new floor are held; when there are more than
-    `max_held` of them, the floor stops at the first one that does not fit.
+    Pending threads sitting below the new floor are held; when their ids do not fit in
+    `max_held_bytes`, the floor stops at the first one that does not fit.
     """
     ordered = sorted(pending, key=lambda item: item.kv_seq)
     kv_seq = max(floor.kv_seq, scanned_upto + 1)
-    if len(ordered) > max_held:
-        kv_seq = min(kv_seq, ordered[max_held].kv_seq)
+    used = 0
+    for item in ordered:
+        if item.kv_seq >= kv_seq:
+            break
+        used += len(item.thread_id.encode("utf-8")) + 4
+        if used > max_held_bytes:
+            kv_seq = item.kv_seq
+            break
     held = tuple(item.thread_id for item in ordered if item.kv_seq < kv_seq)
     return Floor(kv_seq, held)
 
@@ -118,14 +131,18 @@ class PendingIndex:
         for thread_id, value in zip(floor.held, held, strict=True):
             if value is not None:
                 found[thread_id] = HotAt(thread_id, value.revision, decode_hot(value.value))
+        upto = max((msg.seq for msg in scanned), default=floor.kv_seq - 1)
         for msg in scanned:
             item = _hot_at(msg.subject, msg.seq, msg.data)
             if item is not None:
                 found[item.thread_id] = item  # newer than a held copy
+            else:
+                # Its thread may be pending, which nobody can tell: the floor stays below
+                # it (and the warning repeats) until a new write of the thread replaces it.
+                upto = min(upto, msg.seq - 1)
         ids = sorted(found)
         flushed = await self._flushed_seqs(ids) if ids else {}
         pending = [found[t] for t in ids if found[t].record.seq > flushed[t]]
-        upto = max((msg.seq for msg in scanned), default=floor.kv_seq - 1)
         new = plan_floor(floor, pending, upto)
         if new != floor:
             await self._store(new, current.revision if current else None)
@@ -137,6 +154,9 @@ class PendingIndex:
         except ConflictError:
             # Another reader raised it meanwhile from its own scan: either floor is safe.
             log.debug("pending floor moved meanwhile", extra={"action": "floor_contended"})
+        except WalUnavailableError:
+            # The scan's answer stands; the next scan reads from the old floor again.
+            log.debug("pending floor not stored", extra={"action": "floor_contended"})
 
 
 def _hot_at(key: str, kv_seq: int, data: bytes) -> HotAt | None:

@@ -228,7 +228,11 @@ class CheckpointReceipt:
 
     thread_id: str
     thread_seq: int
-    """Per-thread sequence number of this checkpoint: unique and gap-free, from 1."""
+    """Per-thread sequence number of this checkpoint: unique and increasing, from 1, and
+    gap-free except at a *jump*: the first buffered write of a thread the WAL has never
+    seen, made while the inner store could not say where the thread's seqs stand, starts
+    at a large seq (see docs/concepts/failure-modes.md); the seqs after it are gap-free
+    again."""
     stream_seq: int | None = None
     """Sequence of the WAL entry in the JetStream stream (buffered store only)."""
 
@@ -240,11 +244,15 @@ class FlushStatus:
     thread_id: str
     latest_seq: int
     flushed_seq: int
+    pending_from: int = 0
+    """Lowest seq that can be pending when the thread's entries jumped past its stored
+    seq (see docs/concepts/failure-modes.md): no entry sits between `flushed_seq` and
+    it. 0 when they did not (or nobody knows)."""
 
     @property
     def pending(self) -> int:
         """Checkpoints acknowledged but not yet in the inner store."""
-        return max(0, self.latest_seq - self.flushed_seq)
+        return max(0, self.latest_seq - max(self.flushed_seq, self.pending_from - 1))
 
 
 def _parse_dt(value: Any) -> datetime:

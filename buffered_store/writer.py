@@ -28,7 +28,7 @@ from buffered_store.entry import (
     advance_hot,
     decode_entry,
     decode_hot,
-    encode_hot,
+    encode_hot_within,
     seeded_hot,
 )
 from buffered_store.errors import (
@@ -36,7 +36,7 @@ from buffered_store.errors import (
     CorruptEntryError,
     WalUnavailableError,
 )
-from buffered_store.keys import hot_key, msg_id, run_key, wal_subject
+from buffered_store.keys import decode_run_claim, hot_key, msg_id, run_key, wal_subject
 from buffered_store.messages import apply_delta
 from buffered_store.planning import follows
 from buffered_store.records import utcnow
@@ -191,7 +191,9 @@ class Writer:
         )
         hot = decode_hot(value.value) if value else None
         revision = value.revision if value else None
-        runs = old.runs if old else set()
+        # Run claims made through the old cursor hold while the thread was not deleted
+        # since (a deleted thread's runs may have been claimed by other threads).
+        runs = old.runs if old and (hot is None or hot.deleted_seq <= old.seq) else set()
         if last is None and hot is None:
             return await self._cold_cursor(thread_id, runs)
         snapshot = _known_snapshot(hot, old)
@@ -209,7 +211,15 @@ class Writer:
             if msg.seq >= last.seq:
                 break
             msg = await self.wal.next_on(subject, msg.seq + 1)
-        return Cursor(record.seq if record else 0, last.seq, record, revision, snapshot, runs)
+        if record is None:
+            # Messages on the subject, none of them a readable entry of the thread, and no
+            # hot record: the thread's seqs stand wherever the inner store says.
+            cold = await self._cold_cursor(thread_id, runs)
+            cold.stream_seq = last.seq
+            return cold
+        if old is not None and record.deleted_seq > old.seq:
+            runs = set()
+        return Cursor(record.seq, last.seq, record, revision, snapshot, runs)
 
     async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor:
         """The cursor of a thread the WAL has never seen (no entry, no hot record).
@@ -279,9 +289,12 @@ class Writer:
                 # first message after the one it expected (other writers may have appended
                 # on top since): look there whether it is ours.
                 if resent:
-                    landed = await self.wal.next_on(subject, cursor.stream_seq + 1)
+                    landed = await self._message_after(subject, cursor.stream_seq)
                     if landed is not None and _is_ours(landed, entry):
                         return landed.seq
+                # Another message follows the one we expected: ours is not in the stream
+                # and can no longer land (its expectation is stale for good).
+                attempt.sent = False
                 raise
             except WalUnavailableError:
                 await asyncio.sleep(delay)  # the checkpoint's timeout bounds these retries
@@ -293,13 +306,26 @@ class Writer:
                     raise ConflictError(f"seq {entry.seq} of {thread_id!r} is taken")
             return stream_seq
 
+    async def _message_after(self, subject: str, stream_seq: int) -> StoredMsg | None:
+        """The first message on `subject` after `stream_seq`, retried while NATS is
+        unreachable (the checkpoint's timeout bounds it): the answer decides between
+        "stored" and "not stored", which a caller must not be told wrongly."""
+        delay = 0.05
+        while True:
+            try:
+                return await self.wal.next_on(subject, stream_seq + 1)
+            except WalUnavailableError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     async def advance_hot(self, thread_id: str, record: HotRecord, revision: int | None) -> int:
         """CAS the hot record forward; never moves it back. Returns the new revision."""
         key = hot_key(thread_id)
         delay = 0.02
         while True:
             try:
-                return await self.wal.kv_swap(key, encode_hot(record), revision=revision)
+                data = encode_hot_within(record, self.max_entry_bytes)
+                return await self.wal.kv_swap(key, data, revision=revision)
             except ConflictError:
                 current = await self.wal.kv_get(key)
                 if current is not None:
@@ -312,17 +338,10 @@ class Writer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def index_run(self, thread_id: str, run_id: str, cursor: Cursor) -> None:
-        """Record which thread a run belongs to (once per run and instance)."""
-        if run_id in cursor.runs:
-            return
-        await self.wal.kv_put(run_key(run_id), thread_id.encode("utf-8"))
-        cursor.runs.add(run_id)
-
     async def run_thread(self, run_id: str) -> str | None:
-        """The thread a run was checkpointed on, from the KV run index."""
+        """The thread that claimed a run id, from the KV run claims."""
         value = await self.wal.kv_get(run_key(run_id))
-        return value.value.decode("utf-8") if value else None
+        return decode_run_claim(value.value)[0] if value else None
 
     def record_written(
         self,
@@ -345,7 +364,8 @@ class Writer:
             hot=advance_hot(base.hot, entry, stream_seq, window=self.config.recent_window),
             revision=base.revision,
             snapshot=snapshot,
-            runs=base.runs,
+            # A deleted thread holds no run: its claims may pass to other threads.
+            runs=set() if entry.kind is EntryKind.DELETE else base.runs,
         )
         self.cursors.put(thread_id, cursor)
         return cursor

@@ -5,6 +5,7 @@ stream, and run ids that moved between threads. Each test failed before its fix.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -18,8 +19,9 @@ from buffered_store.errors import (
     WalUnavailableError,
 )
 from buffered_store.flushing import ThreadLog
-from buffered_store.keys import wal_subject
+from buffered_store.keys import hot_key, wal_subject
 from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.pending import FLOOR_KEY, decode_floor
 from buffered_store.records import CheckpointReceipt
 from buffered_store.target import StoredThread
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
@@ -274,3 +276,241 @@ async def test_run_id_reused_on_another_thread_is_refused(
     moved = await a_store.load_run("shared-run")
     assert moved is not None
     assert moved.thread_id == b
+
+
+# -- review of the fixes above -------------------------------------------------------------
+
+
+async def test_append_to_a_legacy_thread_whose_history_cannot_be_read_is_refused(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """`append()` of a thread the WAL has never seen, while the inner store cannot be read:
+    the appended messages extend a history nobody knows, so the call is refused with a
+    retriable error and nothing is written (a jump entry holding only the new messages
+    would replace the thread's stored history at the flush). Once the database answers,
+    the same call extends the legacy history."""
+    first_inner, second_inner = inner_pair
+    thread = tid()
+    run = make_run(thread)
+    for n in range(1, 4):
+        await first_inner.checkpoint(thread, make_messages(n), run)
+    down = SeedFailingTarget(first_inner)
+    writer = await open_store(down, drain_on_close=False)
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        await writer.append(thread, make_messages(1, start=3), run.replace(steps=4))
+    assert caught.value.retriable
+    assert await wal_seqs(writer, thread) == []
+
+    down.down = False
+    receipt = await writer.append(thread, make_messages(1, start=3), run.replace(steps=4))
+    assert receipt.thread_seq == 4
+    reader = await open_store(second_inner, drain_on_close=False)
+    assert await reader.load_messages(thread) == make_messages(4)
+    assert await reader.force_flush(thread) == 4
+    assert await second_inner.load_messages(thread) == make_messages(4)
+
+
+def lose_ack_under_another_writer(
+    a: BufferedThreadRunStore,
+    b: BufferedThreadRunStore,
+    thread: str,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    lookup_failures: int,
+) -> list[CheckpointReceipt]:
+    """A's next publish lands, then B checkpoints on top and A's ack is lost; A's next
+    `lookup_failures` reads of the subject fail as if NATS were unreachable."""
+    real_publish, real_next_on = a.wal.publish, a.wal.next_on
+    b_receipts: list[CheckpointReceipt] = []
+    failures = [lookup_failures]
+
+    async def publish_then_lose_ack(subject: str, payload: bytes, **kw: Any) -> tuple[int, bool]:
+        result = await real_publish(subject, payload, **kw)
+        if not b_receipts:
+            b_receipts.append(await b.checkpoint(thread, make_messages(3, start=50), b_run))
+            raise WalUnavailableError("ack lost (injected)")
+        return result
+
+    async def next_on(subject: str, from_seq: int) -> Any:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise WalUnavailableError("NATS unreachable (injected)")
+        return await real_next_on(subject, from_seq)
+
+    b_run = make_run(thread)
+    monkeypatch.setattr(a.wal, "publish", publish_then_lose_ack)
+    monkeypatch.setattr(a.wal, "next_on", next_on)
+    return b_receipts
+
+
+async def test_lost_ack_whose_lookup_fails_once_still_finds_its_entry(
+    open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a lost ack, the retry's conflict sends A to look for its own entry; that read
+    failing once must not turn a stored checkpoint into "WAL unavailable" (nothing
+    stored): the lookup is retried and A gets its receipt."""
+    inner = InMemoryThreadRunStore()
+    a = await open_store(inner, drain_on_close=False)
+    b = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    await a.checkpoint(thread, make_messages(1), make_run(thread))
+    b_receipts = lose_ack_under_another_writer(a, b, thread, monkeypatch, lookup_failures=1)
+    mine = await a.checkpoint(thread, make_messages(2), make_run(thread))
+    monkeypatch.undo()
+    assert (mine.thread_seq, b_receipts[0].thread_seq) == (2, 3)
+    assert await wal_seqs(a, thread) == [1, 2, 3]
+
+
+async def test_lost_ack_whose_lookup_never_answers_is_commit_unknown(
+    open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same, but the lookup never succeeds within the checkpoint's budget: the entry may
+    be stored (it is), so the caller must hear CommitUnknownError, never
+    WalUnavailableError, which promises that nothing was written."""
+    inner = InMemoryThreadRunStore()
+    a = await open_store(inner, drain_on_close=False, checkpoint_timeout_s=1.0)
+    b = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    await a.checkpoint(thread, make_messages(1), make_run(thread))
+    lose_ack_under_another_writer(a, b, thread, monkeypatch, lookup_failures=10**9)
+    with pytest.raises(CommitUnknownError):
+        await a.checkpoint(thread, make_messages(2), make_run(thread))
+    monkeypatch.undo()
+    assert await wal_seqs(a, thread) == [1, 2, 3]
+
+
+async def test_run_claimed_by_a_checkpoint_in_flight_is_not_taken_over(
+    open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's checkpoint has claimed run R and its publish is on its way. B checkpoints
+    another thread with R meanwhile: the run is not in A's thread *yet*, but the claim is
+    fresh, so B is refused (taking it over would leave R on both threads once A's
+    publish lands)."""
+    a_store = await open_store(inner, drain_on_close=False)
+    b_store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run_id = f"run-{uuid.uuid4().hex}"
+    real_publish = a_store.wal.publish
+    released = asyncio.Event()
+    parked = asyncio.Event()
+
+    async def slow_publish(subject: str, payload: bytes, **kw: Any) -> tuple[int, bool]:
+        parked.set()
+        await released.wait()
+        return await real_publish(subject, payload, **kw)
+
+    monkeypatch.setattr(a_store.wal, "publish", slow_publish)
+    a_write = asyncio.create_task(a_store.checkpoint(a, make_messages(1), make_run(a, run_id)))
+    await parked.wait()
+    with pytest.raises(RunOwnershipError) as caught:
+        await b_store.checkpoint(b, make_messages(1), make_run(b, run_id))
+    assert caught.value.owner_thread_id == a
+    released.set()
+    assert (await a_write).thread_seq == 1
+    monkeypatch.undo()
+    found = await b_store.load_run(run_id)
+    assert found is not None
+    assert found.thread_id == a
+    assert await b_store.load_thread(b) is None
+
+
+@pytest.mark.parametrize("deleter", ["same", "other"])
+async def test_run_of_a_deleted_thread_taken_over_is_not_reused_by_the_old_thread(
+    open_store: StoreFactory, inner: InnerStore, deleter: str
+) -> None:
+    """A's thread held R and was deleted (by A's instance or another one); B took R over.
+    A re-creating its thread with R must be refused: A's instance may not trust a claim
+    it made before the delete."""
+    a_store = await open_store(inner, drain_on_close=False)
+    b_store = await open_store(inner, drain_on_close=False)
+    other = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run_id = f"run-{uuid.uuid4().hex}"
+    await a_store.checkpoint(a, make_messages(1), make_run(a, run_id))
+    await (a_store if deleter == "same" else other).delete_thread(a)
+    await b_store.checkpoint(b, make_messages(1), make_run(b, run_id))
+    with pytest.raises(RunOwnershipError) as caught:
+        await a_store.checkpoint(a, make_messages(2), make_run(a, run_id))
+    assert caught.value.owner_thread_id == b
+    assert await a_store.load_thread(a) is None
+    await b_store.force_flush_all()
+    stored = await inner.load_run(run_id)
+    assert stored is not None
+    assert stored.thread_id == b
+
+
+async def test_hot_record_too_large_for_a_kv_value_drops_its_runs(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """A thread whose metadata nearly fills a NATS message: each entry fits, but the hot
+    record (the same metadata plus the last four runs) does not. The checkpoint must
+    still succeed (the hot record leaves the runs out; reads take them from the entries)
+    instead of failing its KV update as commit unknown."""
+    store = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    metadata = {"blob": "x" * 1_036_000}
+    runs = [make_run(thread, output="y" * 3_500) for _ in range(4)]
+    for n, run in enumerate(runs, start=1):
+        receipt = await store.checkpoint(thread, make_messages(n), run, metadata=metadata)
+        assert receipt.thread_seq == n
+    assert {r.run_id for r in await store.list_runs(thread)} == {r.run_id for r in runs}
+    latest = await store.latest_run(thread)
+    assert latest is not None
+    assert latest.run_id == runs[-1].run_id
+    await store.force_flush(thread)
+    assert await inner.load_messages(thread) == make_messages(4)
+
+
+async def test_unflushed_jump_chain_counts_its_entries_as_pending(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """Two checkpoints written as a jump chain (database down at the first write) are two
+    pending checkpoints, not the distance between the stored seq and the jump seq."""
+    first_inner, _ = inner_pair
+    thread = tid()
+    run = make_run(thread)
+    for n in range(1, 4):
+        await first_inner.checkpoint(thread, make_messages(n), run)
+    down = SeedFailingTarget(first_inner)
+    writer = await open_store(down, drain_on_close=False)
+    await writer.checkpoint(thread, make_messages(1, start=100), run)
+    second = await writer.checkpoint(thread, make_messages(2, start=100), run)
+    down.down = False
+    status = await writer.flush_status(thread)
+    assert (status.latest_seq, status.flushed_seq, status.pending) == (second.thread_seq, 3, 2)
+
+
+async def test_legacy_thread_whose_subject_holds_only_unreadable_messages_continues(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """No hot record, and the thread's subject holds a message that is not a readable
+    entry: the cursor must still ask the inner store where the thread's seqs stand (a
+    restart at seq 1 would be judged stale by the flush)."""
+    first_inner, second_inner = inner_pair
+    thread = tid()
+    run = make_run(thread)
+    for n in range(1, 4):
+        await first_inner.checkpoint(thread, make_messages(n), run)
+    writer = await open_store(first_inner, drain_on_close=False)
+    subject = wal_subject(writer.config.stream_name, thread)
+    await writer.wal.js.publish(subject, b"not an entry")
+    receipt = await writer.checkpoint(thread, make_messages(4), run.replace(steps=4))
+    assert receipt.thread_seq == 4
+    reader = await open_store(second_inner, drain_on_close=False)
+    assert await reader.force_flush(thread) == 4
+    assert await second_inner.load_messages(thread) == make_messages(4)
+
+
+async def test_unreadable_hot_record_keeps_the_pending_floor_below_it(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """A hot record nobody can decode may belong to a pending thread: list scans skip it
+    but must not raise the pending floor past it."""
+    store = await open_store(inner, drain_on_close=False)
+    await store.checkpoint("before", make_messages(1), make_run("before"))
+    bad_revision = await store.wal.kv_put(hot_key("garbled"), b"{not a hot record")
+    await store.checkpoint("after", make_messages(1), make_run("after"))
+    threads = await store.list_threads()
+    assert {t.thread_id for t in threads} == {"before", "after"}
+    floor = await store.wal.kv_get(FLOOR_KEY)
+    assert floor is None or decode_floor(floor.value).kv_seq <= bad_revision

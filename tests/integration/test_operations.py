@@ -435,9 +435,10 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
             assert "FAIL  postgres" in down.output
 
             # Checkpoints keep landing in the WAL; once the oldest unflushed one is older
-            # than --max-lag-s, health fails on lag alone (no database URL given).
-            await checkpoint_all()
+            # than --max-lag-s, health fails on lag alone (no database URL given). The clock
+            # starts before the first of them is written: that one is the oldest unflushed.
             outage_began = time.monotonic()
+            await checkpoint_all()
             lag_failed: list[dict[str, Any]] = []
 
             async def lag_over_threshold() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 
 from buffered_store.checkpointing import (
@@ -24,13 +25,16 @@ from buffered_store.entry import (
     decode_hot,
     encode_entry,
     encode_hot,
+    encode_hot_within,
+    run_json,
     seeded_hot,
 )
 from buffered_store.errors import CorruptEntryError
+from buffered_store.keys import decode_run_claim, encode_run_claim
 from buffered_store.messages import encode_messages
 from buffered_store.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
 from buffered_store.planning import PlanStatus, ThreadView, chain_after, fold, plan_entries
-from buffered_store.records import RunRecord
+from buffered_store.records import FlushStatus, RunRecord
 from buffered_store.testing import make_messages, make_run
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -202,10 +206,10 @@ def test_floor_holds_pending_threads_below_it() -> None:
 
 def test_floor_stops_at_the_first_pending_thread_it_cannot_hold() -> None:
     pending = [hot_at(f"t{i}", 10 + i) for i in range(5)]
-    floor = plan_floor(Floor(1), pending, 100, max_held=3)
+    floor = plan_floor(Floor(1), pending, 100, max_held_bytes=18)
     assert floor == Floor(13, ("t0", "t1", "t2"))
     # The floor never moves back, even when the held threads sit below it.
-    again = plan_floor(floor, [hot_at("t0", 10), *pending[3:]], 12, max_held=3)
+    again = plan_floor(floor, [hot_at("t0", 10), *pending[3:]], 12, max_held_bytes=18)
     assert again.kv_seq >= floor.kv_seq
 
 
@@ -214,3 +218,75 @@ def test_floor_round_trips() -> None:
     assert decode_floor(encode_floor(floor)) == floor
     with pytest.raises(CorruptEntryError):
         decode_floor(b"{}")
+
+
+# -- review fixes: chain start, oversized hot records, run claims, held budget ------------
+
+
+def test_hot_record_knows_where_its_chain_starts() -> None:
+    record = advance_hot(seeded_hot(3, None), entry(4), 10, window=8)
+    assert record.chain_from == 1  # continues the stored seqs
+    jumped = advance_hot(None, entry(900, jump=True), 11, window=8)
+    jumped = advance_hot(jumped, entry(901), 12, window=8)
+    assert jumped.chain_from == 900
+    assert decode_hot(encode_hot(jumped)) == jumped
+    assert decode_hot(b'{"s":3,"ss":9,"th":null}').chain_from == 0
+
+
+def test_flush_status_counts_the_entries_of_a_jump_chain() -> None:
+    plain = FlushStatus(thread_id="t", latest_seq=9, flushed_seq=3, pending_from=1)
+    assert plain.pending == 6
+    jumped = FlushStatus(thread_id="t", latest_seq=901, flushed_seq=3, pending_from=900)
+    assert jumped.pending == 2
+    flushed_into = FlushStatus(thread_id="t", latest_seq=901, flushed_seq=900, pending_from=900)
+    assert flushed_into.pending == 1
+
+
+def test_oversized_hot_record_leaves_its_runs_out() -> None:
+    record: HotRecord | None = None
+    for seq in range(1, 5):
+        run = make_run("t", f"r{seq}", output="x" * (HOT_RUN_MAX_BYTES - 400))
+        record = advance_hot(record, entry(seq, run=run), seq, window=8)
+    assert record is not None
+    assert len(record.runs) == 4
+    full = encode_hot(record)
+    assert encode_hot_within(record, len(full)) == full
+    trimmed = decode_hot(encode_hot_within(record, len(full) - 1))
+    assert trimmed.runs == ()
+    assert not trimmed.covers_runs_after(0)  # readers take the runs from the entries
+    assert trimmed.covers_runs_after(4)
+    assert (trimmed.seq, trimmed.thread, trimmed.recent) == (4, record.thread, record.recent)
+
+
+def test_run_claims_round_trip_and_old_claims_read_as_long_ago() -> None:
+    claim = encode_run_claim("thread-ü", 1_700_000_000_000_000)
+    assert decode_run_claim(claim) == ("thread-ü", 1_700_000_000_000_000)
+    assert decode_run_claim(b"legacy-thread") == ("legacy-thread", 0)
+
+
+def test_floor_holds_threads_up_to_a_byte_budget() -> None:
+    long_ids = [hot_at("x" * 500 + str(i), 10 + i) for i in range(4)]
+    floor = plan_floor(Floor(1), long_ids, 100, max_held_bytes=3 * 505)
+    assert floor == Floor(13, tuple(item.thread_id for item in long_ids[:3]))
+    assert plan_floor(Floor(1), long_ids, 100).held == tuple(i.thread_id for i in long_ids)
+
+
+def test_runs_are_encoded_once_and_the_wire_bytes_do_not_change() -> None:
+    run = make_run("t", "r1", output={"answer": "ü" * 10}, steps=3)
+    data, _ = run_json(run)
+    assert data == orjson.dumps(run.to_json())
+    assert run_json(run)[0] is data  # cached by identity
+    assert run_json(run.replace(steps=4))[0] != data
+    record = advance_hot(None, entry(1, run=run), 10, window=8)
+    expected = {
+        "s": 1,
+        "ss": 10,
+        "th": record.thread.to_json() if record.thread else None,
+        "r": [[1, 10]],
+        "ru": [[run.to_json(), 1]],
+        "rf": 1,
+        "ds": 0,
+        "cf": 1,
+    }
+    assert orjson.loads(encode_hot(record)) == expected
+    assert decode_entry(encode_entry(entry(1, run=run))).run == run
