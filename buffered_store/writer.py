@@ -303,6 +303,7 @@ class Writer:
             if duplicate:
                 stored = await self.wal.get(stream_seq)
                 if stored is None or not _is_ours(stored, entry):
+                    attempt.sent = False  # deduplicated against another writer's entry
                     raise ConflictError(f"seq {entry.seq} of {thread_id!r} is taken")
             return stream_seq
 
