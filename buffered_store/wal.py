@@ -7,6 +7,7 @@ counts requests; deciding what to write is the callers' business.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -38,6 +39,13 @@ from buffered_store.keys import stream_subjects
 
 log = logging.getLogger("buffered_store.wal")
 T = TypeVar("T")
+
+SCAN_DIRECT_GETS = 8
+"""Hot records a scan reads with direct gets before it sets up a consumer for the rest."""
+SCAN_BATCH = 512
+"""Messages per fetch of a scan's consumer."""
+SCAN_CONSUMER_IDLE_S = 30.0
+"""The server deletes a scan's consumer left behind (its scanner died) after this long."""
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
@@ -374,17 +382,21 @@ class Wal:
         """Messages of the hot bucket's stream on keys starting with `prefix`, from
         `from_seq` on (each key appears once: the bucket keeps only its latest value).
 
-        `StoredMsg.subject` is the key. Costs one direct get per message returned.
+        `StoredMsg.subject` is the key. The first `SCAN_DIRECT_GETS` come from direct gets
+        (one round trip each, nothing to set up); a longer scan continues through a
+        short-lived consumer that delivers the rest in batches (served by the stream
+        leader, so it reads what leader reads would).
         """
         stream = f"KV_{self.config.hot_bucket}"
         head = f"$KV.{self.config.hot_bucket}."
+        subject = f"{head}{prefix}>"
         found: list[StoredMsg] = []
         seq = max(1, from_seq)
         async with translated(f"scan hot records from {seq}"):
-            while True:
+            for _ in range(SCAN_DIRECT_GETS):
                 try:
                     raw = await self.js.get_msg(
-                        stream, seq=seq, subject=f"{head}{prefix}>", next=True, direct=self.direct
+                        stream, seq=seq, subject=subject, next=True, direct=self.direct
                     )
                 except jse.NotFoundError:
                     return found
@@ -392,6 +404,52 @@ class Wal:
                 if msg.data:  # a delete or purge marker has no value
                     found.append(StoredMsg(msg.seq, msg.subject[len(head) :], msg.data))
                 seq = msg.seq + 1
+            found.extend(await self._scan_by_consumer(stream, subject, seq, head))
+        return found
+
+    async def _scan_by_consumer(
+        self, stream: str, subject: str, from_seq: int, head: str
+    ) -> list[StoredMsg]:
+        """The messages on `subject` from `from_seq` to the stream's end, through an
+        ephemeral in-memory consumer (deleted after; the server drops it by itself if
+        this process dies first)."""
+        info = await self.js.add_consumer(
+            stream,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=from_seq,
+                filter_subject=subject,
+                ack_policy=AckPolicy.NONE,
+                mem_storage=True,
+                num_replicas=1,
+                inactive_threshold=SCAN_CONSUMER_IDLE_S,
+            ),
+        )
+        assert info.name is not None
+        found: list[StoredMsg] = []
+        try:
+            if info.num_pending:
+                sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=stream)
+                try:
+                    done = False
+                    while not done:
+                        try:
+                            batch = await sub.fetch(
+                                SCAN_BATCH, timeout=self.config.request_timeout_s
+                            )
+                        except nats.errors.TimeoutError:
+                            break  # the last pending ones were superseded meanwhile
+                        for msg in batch:
+                            if msg.data:
+                                seq = msg.metadata.sequence.stream
+                                found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
+                            done = msg.metadata.num_pending == 0
+                finally:
+                    await sub.unsubscribe()
+        finally:
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                await self.js.delete_consumer(stream, info.name)
+        return found
 
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
         """Messages at several stream seqs (absent ones skipped), fetched concurrently."""

@@ -514,3 +514,26 @@ async def test_unreadable_hot_record_keeps_the_pending_floor_below_it(
     assert {t.thread_id for t in threads} == {"before", "after"}
     floor = await store.wal.kv_get(FLOOR_KEY)
     assert floor is None or decode_floor(floor.value).kv_seq <= bad_revision
+
+
+async def test_pending_scan_of_many_threads_costs_a_few_round_trips(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """Finding the pending threads among many written since the floor costs a bounded
+    number of requests (a few direct gets, then one consumer delivering the rest in
+    batches), not one request per thread; threads written twice (their older hot record
+    superseded in the bucket's stream) are found once, at their latest state."""
+    store = await open_store(inner, drain_on_close=False)
+    threads = [tid(f"many{i:03d}") for i in range(120)]
+    runs = {t: make_run(t) for t in threads}
+    await asyncio.gather(*(store.checkpoint(t, make_messages(1), runs[t]) for t in threads))
+    await asyncio.gather(*(store.checkpoint(t, make_messages(2), runs[t]) for t in threads[::3]))
+    before = store.stats()["nats_requests"]
+    listed = await store.list_threads(limit=200)
+    cost = store.stats()["nats_requests"] - before
+    assert sorted(t.thread_id for t in listed) == sorted(threads)
+    counts = {t.thread_id: t.message_count for t in listed}
+    assert all(counts[t] == (2 if i % 3 == 0 else 1) for i, t in enumerate(threads))
+    assert cost <= 16, f"list_threads cost {cost} requests for 120 pending threads"
+    assert await store.force_flush_all() == 120
+    assert await store.force_flush_all() == 0
