@@ -35,8 +35,13 @@ help:
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
+# -qq: only errors. Machines with a pip.conf listing index folders that do not exist get
+# a warning per package otherwise, drowning the demo's own output; PIP_VERBOSE=1 shows all.
+PIP_QUIET ?= -qq
 $(STAMP): pyproject.toml | $(VPY)
-	$(VPY) -m pip install -e '.[dev]'
+	@echo "make: installing the package and its dependencies into $(VENV) (about a minute the first time)"
+	$(VPY) -m pip install $(PIP_QUIET) -e '.[dev]'
+	@echo "make: $(VENV) is ready"
 	@touch $@
 
 install .venv: $(STAMP)
