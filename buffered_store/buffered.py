@@ -517,7 +517,13 @@ class BufferedThreadRunStore:
         thread_id = indexed or (stored.run.thread_id if stored else None)
         if thread_id is None:
             return None
-        versions, deleted_at = await self._pending_runs(thread_id)
+        versions, deleted_at, flushed = await self._pending_runs_at(thread_id)
+        if run_id not in versions and (stored is None or stored.thread_seq < flushed):
+            # The stored row was read concurrently with the watermark: a flush committing
+            # in between moved the run's newest version out of the pending entries after
+            # that read. Read it again, now that the watermark is known (rare: only runs
+            # last written below the watermark get here, and they read one more row).
+            stored = await self.target.read_run(run_id)
         candidates = dict(versions)
         if stored is not None and stored.thread_seq > deleted_at:
             current = candidates.get(run_id)
@@ -624,12 +630,21 @@ class BufferedThreadRunStore:
 
     async def _pending_runs(self, thread_id: str) -> tuple[Versions, int]:
         """Run versions of the thread's unflushed entries, and the seq of a pending delete."""
+        versions, deleted_at, _ = await self._pending_runs_at(thread_id)
+        return versions, deleted_at
+
+    async def _pending_runs_at(self, thread_id: str) -> tuple[Versions, int, int]:
+        """`_pending_runs`, and the flushed seq they are above."""
         hot, flushed = await asyncio.gather(
             self._log.hot(thread_id), self.target.flushed_seqs([thread_id])
         )
+        watermark = flushed[thread_id]
         if hot is None:
-            return {}, 0
-        return await self._runs_above(PendingThread(thread_id, hot.record, flushed[thread_id]))
+            return {}, 0, watermark
+        versions, deleted_at = await self._runs_above(
+            PendingThread(thread_id, hot.record, watermark)
+        )
+        return versions, deleted_at, watermark
 
     async def _all_pending_runs(self) -> dict[str, tuple[Versions, int]]:
         pending = await self._pending.scan()

@@ -537,3 +537,35 @@ async def test_pending_scan_of_many_threads_costs_a_few_round_trips(
     assert cost <= 16, f"list_threads cost {cost} requests for 120 pending threads"
     assert await store.force_flush_all() == 120
     assert await store.force_flush_all() == 0
+
+
+# -- found by the model test -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("same_run", [True, False], ids=["updated-run", "new-run"])
+async def test_load_run_racing_a_flush_sees_the_newest_version(
+    open_store: StoreFactory,
+    inner: InnerStore,
+    monkeypatch: pytest.MonkeyPatch,
+    same_run: bool,
+) -> None:
+    """`load_run` read the stored row and the flushed watermark concurrently: a flush
+    committing after the row was read moved the run's newest version out of the pending
+    entries, and the read returned the older stored version (or nothing)."""
+    store = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    first = make_run(thread)
+    await store.checkpoint(thread, make_messages(1), first.replace(steps=1))
+    await store.force_flush(thread)
+    newest = first.replace(steps=2) if same_run else make_run(thread, steps=2)
+    await store.checkpoint(thread, make_messages(2), newest)
+    real_read_run = store.target.read_run
+
+    async def read_then_flush(run_id: str) -> Any:
+        found = await real_read_run(run_id)
+        await store.force_flush(thread)  # commits between the row read and the watermark
+        return found
+
+    monkeypatch.setattr(store.target, "read_run", read_then_flush)
+    assert await store.load_run(newest.run_id) == newest
+    assert await store.latest_run(thread) == newest
