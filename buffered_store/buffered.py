@@ -313,11 +313,32 @@ class BufferedThreadRunStore:
             self._writer.cursors.put(thread_id, cursor)
             known_absent = cursor.hot is None or cursor.hot.thread is None
             if known_absent and not cursor.jump:
-                return  # never written, or deleted already: nothing to do
+                # Never written, or deleted already: nothing to write. A delete whose
+                # hot-record update was lost is not visible yet: publish its hot record,
+                # or this call would return while reads still show the thread.
+                if cursor.hot is not None and cursor.hot_behind:
+                    await self._show_hot(thread_id, cursor)
+                return
             await self._write(thread_id, build, [])
             self._stats["deletes"] += 1
 
         await self._locks.run(thread_id, write)
+
+    async def _show_hot(self, thread_id: str, cursor: Cursor) -> None:
+        """Advance the KV hot record to the cursor's, found on the subject past it."""
+        assert cursor.hot is not None
+        try:
+            async with asyncio.timeout(self.config.checkpoint_timeout_s):
+                cursor.revision = await self._writer.advance_hot(
+                    thread_id, cursor.hot, cursor.revision
+                )
+        except TimeoutError as exc:
+            self._writer.cursors.drop(thread_id)
+            raise WalUnavailableError(
+                f"thread {thread_id!r}: its delete is in the WAL but its hot record could not "
+                "be updated; reads show it after the next flush, or retry"
+            ) from exc
+        cursor.hot_behind = False
 
     async def _claim_run(self, thread_id: str, run_id: str, deadline: float) -> None:
         """Claim `run_id` for the thread in the KV run claims before anything is written.

@@ -66,6 +66,9 @@ class Cursor:
     """Run ids already claimed for this thread in KV by this instance."""
     jump: bool = False
     """The thread's stored seq could not be read: the next entry jumps (see `jump_seq`)."""
+    hot_behind: bool = False
+    """The KV hot record (at `revision`) is older than `hot`: entries past it were found
+    on the subject (a writer's KV update was lost). Readers do not see them yet."""
 
 
 class CursorCache:
@@ -219,7 +222,8 @@ class Writer:
             return cold
         if old is not None and record.deleted_seq > old.seq:
             runs = set()
-        return Cursor(record.seq, last.seq, record, revision, snapshot, runs)
+        behind = hot is None or record.seq > hot.seq
+        return Cursor(record.seq, last.seq, record, revision, snapshot, runs, hot_behind=behind)
 
     async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor:
         """The cursor of a thread the WAL has never seen (no entry, no hot record).

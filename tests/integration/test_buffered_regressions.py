@@ -569,3 +569,24 @@ async def test_load_run_racing_a_flush_sees_the_newest_version(
     monkeypatch.setattr(store.target, "read_run", read_then_flush)
     assert await store.load_run(newest.run_id) == newest
     assert await store.latest_run(thread) == newest
+
+
+async def test_delete_repeated_after_its_hot_update_was_lost_is_visible(
+    open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete lands in the WAL but its hot-record update is lost (commit unknown). The
+    caller deletes again: the thread is deleted already, so nothing is written, but the
+    call used to return while every read still showed the thread."""
+    a = await open_store(inner, drain_on_close=False)
+    b = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    await a.checkpoint(thread, make_messages(2), make_run(thread))
+    fail_next_hot_update(monkeypatch)
+    with pytest.raises(CommitUnknownError):
+        await a.delete_thread(thread)
+    monkeypatch.undo()
+    await a.delete_thread(thread)
+    for store in (a, b):
+        assert await store.load_thread(thread) is None
+        assert await store.load_messages(thread) is None
+        assert thread not in {t.thread_id for t in await store.list_threads()}
