@@ -103,6 +103,8 @@ class Flusher:
         self._stop = asyncio.Event()
         self._tick = asyncio.Event()
         self._stopped = False
+        self._running: asyncio.Task[None] | None = None
+        """The running cycle (at most one at a time)."""
         self._cycle_failures = 0
         """Cycles failed in a row (each makes the pause before the next one longer)."""
         self._cpu_mark = 0.0
@@ -167,8 +169,9 @@ class Flusher:
     async def stop(self, drain: bool = True) -> None:
         """Stop draining, in phases: stop fetching; with `drain`, let the current cycle
         flush and settle what it holds (up to `drain_timeout_s`); cancel what is left
-        (its messages are given back for redelivery); drop the subscription; close the
-        connection if the flusher opened it."""
+        (its messages, and those collected for the next cycle, are given back for
+        redelivery); drop the subscription; close the connection if the flusher opened
+        it."""
         task = self._task
         if task is None or self._stopped:
             return
@@ -184,6 +187,13 @@ class Flusher:
                 )
             except Exception:
                 pass  # the loop's own error is logged there; stopping goes on
+        if not task.done() and self._running is not None:
+            # Cancel the cycle, not the loop: a fetch cancelled midway can lose messages
+            # it already received (redelivered only after ack_wait), so the loop ends at
+            # its next fetch boundary and gives back what it collected meanwhile.
+            self._running.cancel()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), self.config.fetch_timeout_s + 1.0)
         if not task.done():
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -292,12 +302,11 @@ class Flusher:
         """
         assert self._intake is not None
         intake = self._intake
-        running: asyncio.Task[None] | None = None
         keepalive = asyncio.create_task(self._keepalive(), name=f"{self.name}-keepalive")
         self._cpu_mark = time.process_time()
 
         def busy() -> bool:
-            return running is not None and not running.done()
+            return self._running is not None and not self._running.done()
 
         try:
             fetch_failures = 0
@@ -315,18 +324,23 @@ class Flusher:
                         extra={"action": "fetch_recovered", "failures": fetch_failures},
                     )
                     fetch_failures = 0
-                if running is not None:
-                    await running  # never raises: `_cycle` handles its errors
-                    running = None
+                if self._running is not None:
+                    # Raises only CancelledError (`stop` cancelled the cycle): the
+                    # messages in hand are then given back below.
+                    await self._running
+                    self._running = None
                 msgs = intake.take()
                 if msgs:
                     if overlapped:
                         self._stats.overlapped_cycles += 1
-                    running = asyncio.create_task(self._cycle(msgs), name=f"{self.name}-cycle")
+                    self._running = asyncio.create_task(
+                        self._cycle(msgs), name=f"{self.name}-cycle"
+                    )
                 self._tick.set()
-            if running is not None:
-                await running
+            if self._running is not None:
+                await self._running
         finally:
+            running, self._running = self._running, None
             # Cancelled (stop without drain, or the drain timed out): the cycle gives its
             # messages back itself; those collected for the next one go back here.
             if running is not None and not running.done():
