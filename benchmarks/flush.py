@@ -20,6 +20,22 @@ LAG_METHOD = (
 )
 
 
+def flusher_figures(stats: dict[str, Any]) -> dict[str, Any]:
+    """Cost figures of the flusher from its final `Flusher.stats()`: CPU per flushed entry
+    and entries per transaction (None when the flusher reported nothing)."""
+    cpu_per_entry = stats.get("cpu_per_entry_s")
+    entries = stats.get("entries_applied") or 0
+    transactions = stats.get("transactions") or 0
+    return {
+        "cpu_us_per_entry": cpu_per_entry * 1e6 if cpu_per_entry else None,
+        "entries_per_transaction": entries / transactions if transactions else None,
+        "overlapped_cycles": stats.get("overlapped_cycles"),
+        "cycles": stats.get("cycles"),
+        "cpu_method": "the flusher's cpu_s stat (time.process_time of its process, summed "
+        "cycle by cycle while the drain loop runs) over entries_applied",
+    }
+
+
 def backlog_figures(
     t_s: Sequence[float], backlog: Sequence[float | None], writes_end_s: float, warm_s: float
 ) -> dict[str, Any]:

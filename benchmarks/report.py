@@ -69,6 +69,8 @@ SIDE_ROWS: list[Row] = [
         "ratio",
     ),
     ("drain after writes s", _get("flush", "drain_s"), "s"),
+    ("flusher CPU µs / flushed entry", _get("flush", "cpu_us_per_entry"), "ratio"),
+    ("flusher entries / transaction", _get("flush", "entries_per_transaction"), "ratio"),
     ("CPU s total", _get("cpu", "seconds", "total"), "s"),
     (
         "CPU s / 1k checkpoints (all processes)",

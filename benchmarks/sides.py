@@ -30,7 +30,7 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.postgres import PostgresThreadRunStore
 from buffered_store.protocol import ThreadRunStore
 
-from .flush import LAG_METHOD, backlog_figures, flush_lag
+from .flush import LAG_METHOD, backlog_figures, flush_lag, flusher_figures
 from .harness import Bench, SideDb
 from .measure import (
     CpuMeter,
@@ -383,6 +383,7 @@ async def run_side(
             "lag_method": LAG_METHOD if lag else None,
             "backlog": backlog_figures(t, series.get("backlog", []), writes_end_s, warm_s),
             "flusher_stats": side.flusher_final,
+            **flusher_figures(side.flusher_final),
         }
     else:
         figures["unavailable"].update(

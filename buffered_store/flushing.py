@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,12 +40,27 @@ class HotState:
     revision: int
 
 
+MARK_CACHE_SIZE = 65_536
+"""Threads whose flushed-mark revision a `ThreadLog` remembers (least recently raised
+ones are forgotten first)."""
+
+
 class ThreadLog:
-    """Per-thread views of the WAL: hot records, watermarks and entry ranges."""
+    """Per-thread views of the WAL: hot records, watermarks and entry ranges.
+
+    It remembers the KV revision of each flushed mark it wrote or read last, so raising a
+    mark is usually one compare-and-set, without reading the key first.
+    """
 
     def __init__(self, wal: Wal, config: EngineConfig) -> None:
         self.wal = wal
         self.config = config
+        self._marks: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """thread id -> (seq, KV revision) of its flushed mark, as last written or read."""
+        self.mark_stats = {"cached_swaps": 0, "stale_revisions": 0, "reads": 0}
+        """How marks were raised: ``cached_swaps`` (one CAS on a remembered revision),
+        ``stale_revisions`` (that CAS found the key moved and fell back to a read),
+        ``reads`` (reads of the key before a CAS)."""
 
     def subject(self, thread_id: str) -> str:
         """WAL subject of a thread."""
@@ -76,7 +92,11 @@ class ThreadLog:
     async def mark(self, thread_id: str) -> FlushedMark | None:
         """The thread's KV flushed watermark, or None."""
         value = await self.wal.kv_get(flushed_key(thread_id))
-        return decode_flushed(value.value) if value else None
+        if value is None:
+            return None
+        mark = decode_flushed(value.value)
+        self._remember(thread_id, mark.seq, value.revision)
+        return mark
 
     async def entries_between(
         self, thread_id: str, after: int, upto: int, hot: HotRecord | None
@@ -159,19 +179,48 @@ class ThreadLog:
         return entry if entry.thread_id == thread_id else None
 
     async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
-        """Raise the KV flushed watermark to `seq` (never lowers it)."""
+        """Raise the KV flushed watermark to `seq` (never lowers it).
+
+        With the key's revision remembered from an earlier raise, this is one
+        compare-and-set; when the key moved meanwhile (another flusher raised it, or it
+        was deleted) the CAS fails and the key is read again, as without a cache.
+        """
         key = flushed_key(thread_id)
         value = encode_flushed(FlushedMark(seq, stream_seq))
-        for _ in range(10):
-            current = await self.wal.kv_get(key)
-            if current is not None and decode_flushed(current.value).seq >= seq:
-                return
+        known = self._marks.get(thread_id)
+        if known is not None and known[0] < seq:
             try:
-                await self.wal.kv_swap(key, value, revision=current.revision if current else None)
+                revision = await self.wal.kv_swap(key, value, revision=known[1])
+            except ConflictError:
+                self.mark_stats["stale_revisions"] += 1
+                self._marks.pop(thread_id, None)
+            else:
+                self.mark_stats["cached_swaps"] += 1
+                self._remember(thread_id, seq, revision)
                 return
+        for _ in range(10):
+            self.mark_stats["reads"] += 1
+            current = await self.wal.kv_get(key)
+            if current is not None:
+                current_seq = decode_flushed(current.value).seq
+                if current_seq >= seq:
+                    self._remember(thread_id, current_seq, current.revision)
+                    return
+            try:
+                revision = await self.wal.kv_swap(
+                    key, value, revision=current.revision if current else None
+                )
             except ConflictError:
                 continue
+            self._remember(thread_id, seq, revision)
+            return
         log.warning("flushed mark of a thread kept moving", extra={"action": "mark_contended"})
+
+    def _remember(self, thread_id: str, seq: int, revision: int) -> None:
+        self._marks[thread_id] = (seq, revision)
+        self._marks.move_to_end(thread_id)
+        while len(self._marks) > MARK_CACHE_SIZE:
+            self._marks.popitem(last=False)
 
 
 async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> int:

@@ -137,7 +137,8 @@ FLUSHER = Family(
     marker="cycles",
     series=(
         _c("cycles", "flusher_batches", "Flush cycles (collection windows with messages)."),
-        _c("messages", "flusher_messages", "WAL messages fetched, redeliveries included."),
+        _c("fetched", "flusher_fetched_messages", "WAL messages received from the consumer."),
+        _c("messages", "flusher_messages", "WAL messages taken by cycles, redeliveries included."),
         _c("entries", "flusher_entries", "Fetched messages that decoded into entries."),
         _c("redeliveries", "flusher_redeliveries", "Fetched messages delivered more than once."),
         _c("transactions", "flusher_transactions", "Apply transactions (retries included)."),
@@ -185,6 +186,17 @@ FLUSHER = Family(
             "Failed attempts to create a deleted durable consumer again.",
         ),
         _c("cycle_errors", "flusher_cycle_errors", "Cycles aborted by an unexpected error."),
+        _c(
+            "overlapped_cycles",
+            "flusher_overlapped_batches",
+            "Cycles whose messages were fetched while the previous cycle applied.",
+        ),
+        _c("cpu_s", "flusher_cpu_seconds", "CPU seconds of the flusher's process while draining."),
+        _g(
+            "cpu_per_entry_s",
+            "flusher_cpu_per_entry_seconds",
+            "CPU seconds per flushed entry since the start (cpu_seconds / entries_applied).",
+        ),
         _c(
             "backlog_poll_failures",
             "flusher_backlog_poll_failures",

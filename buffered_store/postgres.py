@@ -14,7 +14,8 @@ this module decides what to execute):
   and the checkpoint falls back to the locking path.
 - Locking path: BEGIN, ``SELECT ... FOR UPDATE`` (plus an insert for a new thread), a read
   of the stored snapshot when this process does not have it, the gated write, COMMIT.
-- `apply()`: one transaction for the whole call; per thread a lock and one write.
+- `apply()`: one transaction for the whole call; one statement locks every thread row of
+  the call (the watermark gate, ``thread_id = ANY(...)``), then one write per thread.
 """
 
 from __future__ import annotations
@@ -410,19 +411,47 @@ class PostgresThreadRunStore(PostgresReads):
     ) -> dict[int, tuple[ApplyOutcome, int]]:
         done: dict[int, tuple[ApplyOutcome, int]] = {}
         async with self._transaction() as conn:
+            rows = await self._lock_many(conn, [batches[index][0].thread_id for index in order])
             for index in order:
-                done[index] = await self._apply_thread(conn, batches[index], savepoints)
+                done[index] = await self._apply_thread(conn, batches[index], savepoints, rows)
         return done
 
+    async def _lock_many(
+        self, conn: AsyncConnection, thread_ids: Sequence[str]
+    ) -> dict[str, codec.ThreadRow | None]:
+        """Lock the rows of the threads that exist, in one statement; None for the others
+        (invalid ids are left out: their batch fails on its own)."""
+        ids: list[str] = []
+        for thread_id in dict.fromkeys(thread_ids):
+            with contextlib.suppress(StoreError):
+                ids.append(codec.check_key(thread_id, "thread_id"))
+        if not ids:
+            return {}
+        result = await self._execute(conn, sql.LOCK_THREADS, sql.bind(thread_ids=ids))
+        rows: dict[str, codec.ThreadRow | None] = dict.fromkeys(ids)
+        for row in result.all():
+            locked = codec.thread_row(row)
+            rows[locked.thread_id] = locked
+        return rows
+
     async def _apply_thread(
-        self, conn: AsyncConnection, entries: Sequence[WalEntry], savepoints: bool
+        self,
+        conn: AsyncConnection,
+        entries: Sequence[WalEntry],
+        savepoints: bool,
+        locked: dict[str, codec.ThreadRow | None],
     ) -> tuple[ApplyOutcome, int]:
         thread_id = entries[0].thread_id
         try:
             codec.check_key(thread_id, "thread_id")
         except StoreError as error:
             return codec.failed(thread_id, 0, error), 0
-        row = await self._lock_existing(conn, thread_id)
+        # The row as `_lock_many` locked it; a thread given twice in one call is read
+        # again the second time (the first batch may have moved it).
+        if thread_id in locked:
+            row = locked.pop(thread_id)
+        else:
+            row = await self._lock_existing(conn, thread_id)
         # Plan against "absent" before inserting a row for a new thread, so a batch that
         # is not applied never leaves an empty row behind.
         base = row or codec.ThreadRow(thread_id, 0, 0, None)

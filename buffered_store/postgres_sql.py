@@ -98,6 +98,17 @@ SELECT_THREAD_WITH_MESSAGES = select(*THREAD_COLUMNS, _messages_agg).where(
 LOCK_THREAD = SELECT_THREAD.with_for_update()
 """Lock an existing thread row."""
 
+LOCK_THREADS = (
+    select(*THREAD_COLUMNS)
+    .where(threads.c.thread_id == any_(_p("thread_ids", _TEXT_ARRAY)))
+    .order_by(threads.c.thread_id.collate("C"))
+    .with_for_update()
+)
+"""Lock the existing rows of many threads in one statement: the watermark gate of a whole
+`apply()` batch. Rows are locked in the order they are returned, code point order (the
+"C" collation of UTF-8), the order `apply()` sorts its threads in, so concurrent flushers
+take the locks in one global order."""
+
 _ensure = pg_insert(threads).values(thread_id=_p("thread_id"))
 ENSURE_THREAD = _ensure.on_conflict_do_update(
     index_elements=[threads.c.thread_id],

@@ -22,6 +22,10 @@ from flusher.stats import FlusherStats
 
 log = logging.getLogger("flusher.intake")
 
+BUSY_FETCH_TIMEOUT_S = 0.05
+"""Longest fetch once the window is over while the previous cycle still runs: short, so
+the next cycle starts soon after that one ends (at most this late)."""
+
 
 class Intake:
     """Fetches batches of WAL messages for the flusher."""
@@ -34,6 +38,9 @@ class Intake:
         self._reconnects = -1
         self._stale = True
         self._opened = False
+        self.in_hand: list[Msg] = []
+        """Messages of the window being collected (or collected and not yet taken by a
+        cycle): kept alive meanwhile, given back if the flusher is cancelled."""
 
     async def open(self) -> None:
         """Create (or re-create) the pull subscription bound to the durable consumer."""
@@ -81,33 +88,48 @@ class Intake:
             except Exception as exc:  # a dead subscription needs no cleanup
                 log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
 
-    async def collect(self, should_stop: Callable[[], bool]) -> list[Msg]:
-        """Messages fetched during one collection window of `flush_interval_s`.
+    async def collect(
+        self, should_stop: Callable[[], bool], busy: Callable[[], bool] = lambda: False
+    ) -> None:
+        """Fetch messages into `in_hand` during one collection window of `flush_interval_s`.
 
         The window ends early when `flush_batch_size` messages are in hand or when
         `should_stop()` turns true (what is in hand is still returned, to be flushed).
-        Each fetch is capped at `fetch_timeout_s`, because a single fetch may stall for
-        its whole timeout. A fetch error after some messages arrived ends the window with
-        those (the subscription is re-created next time); before any arrived it
-        propagates, so the caller backs off.
+        While `busy()` (the previous cycle still applies, so the next one could not start
+        anyway) it goes on past `flush_interval_s`, with fetches of at most
+        `BUSY_FETCH_TIMEOUT_S`: a slow commit makes the next batch bigger instead of
+        older. Each fetch is capped at `fetch_timeout_s`, because a single fetch may
+        stall for its whole timeout. A fetch error after some messages arrived ends the
+        window with those (the subscription is re-created next time); before any arrived
+        it propagates, so the caller backs off.
+
+        The messages stay in `in_hand` until the caller takes them with `take`.
         """
         if self._sub is None or self._stale or self._reconnect_count() != self._reconnects:
             await self.open()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.flush_interval_s
         batch_size = self.config.flush_batch_size
-        msgs: list[Msg] = []
-        while len(msgs) < batch_size:
+        msgs = self.in_hand
+        while len(msgs) < batch_size and not should_stop():
             remaining = deadline - loop.time()
-            if remaining < MIN_FETCH_TIMEOUT_S or should_stop():
-                break
+            if remaining < MIN_FETCH_TIMEOUT_S:
+                if not busy():
+                    break
+                remaining = BUSY_FETCH_TIMEOUT_S
             try:
-                msgs.extend(await self._fetch(batch_size - len(msgs), remaining))
+                fetched = await self._fetch(batch_size - len(msgs), remaining)
             except Exception:
                 if not msgs:
                     raise
                 self.invalidate()
                 break
+            msgs.extend(fetched)
+            self.stats.fetched += len(fetched)
+
+    def take(self) -> list[Msg]:
+        """Hand the collected messages over (the caller now settles them)."""
+        msgs, self.in_hand = self.in_hand, []
         return msgs
 
     async def _fetch(self, count: int, remaining_s: float) -> list[Msg]:

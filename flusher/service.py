@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 
@@ -35,8 +36,9 @@ from buffered_store.target import FlushTarget
 from buffered_store.wal import Wal, translated
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
+from flusher.held import Held, Settler
 from flusher.intake import Intake
-from flusher.policy import backoff_s
+from flusher.policy import Settle, backoff_s
 from flusher.quarantine import Quarantine
 from flusher.stats import FlusherStats
 
@@ -100,8 +102,12 @@ class Flusher:
         self._backlog_poll_s = backlog_poll_s
         self._stop = asyncio.Event()
         self._tick = asyncio.Event()
-        self._holding = False
         self._stopped = False
+        self._running: asyncio.Task[None] | None = None
+        """The running cycle (at most one at a time)."""
+        self._cycle_failures = 0
+        """Cycles failed in a row (each makes the pause before the next one longer)."""
+        self._cpu_mark = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,8 +169,9 @@ class Flusher:
     async def stop(self, drain: bool = True) -> None:
         """Stop draining, in phases: stop fetching; with `drain`, let the current cycle
         flush and settle what it holds (up to `drain_timeout_s`); cancel what is left
-        (its messages are given back for redelivery); drop the subscription; close the
-        connection if the flusher opened it."""
+        (its messages, and those collected for the next cycle, are given back for
+        redelivery); drop the subscription; close the connection if the flusher opened
+        it."""
         task = self._task
         if task is None or self._stopped:
             return
@@ -180,6 +187,13 @@ class Flusher:
                 )
             except Exception:
                 pass  # the loop's own error is logged there; stopping goes on
+        if not task.done() and self._running is not None:
+            # Cancel the cycle, not the loop: a fetch cancelled midway can lose messages
+            # it already received (redelivered only after ack_wait), so the loop ends at
+            # its next fetch boundary and gives back what it collected meanwhile.
+            self._running.cancel()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), self.config.fetch_timeout_s + 1.0)
         if not task.done():
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -278,39 +292,69 @@ class Flusher:
     # -- the loop --------------------------------------------------------------------------
 
     async def _drain_loop(self) -> None:
+        """Collect a window, hand it to a cycle task, and collect the next window while
+        that cycle applies and settles.
+
+        At most one cycle runs at a time: the next starts only once the previous has
+        settled everything it held, so every thread's entries are applied in WAL order
+        and no thread is ever in two transactions of this flusher at once. Only the
+        fetching overlaps the apply.
+        """
         assert self._intake is not None
-        assert self._runner is not None
-        fetch_failures = 0
-        cycle_failures = 0
-        while not self._stop.is_set():
-            try:
-                msgs = await self._intake.collect(self._stop.is_set)
-            except Exception as exc:
-                fetch_failures += 1
-                self._stats.nats_errors += 1
-                if fetch_failures == 1:
-                    log.warning(
-                        "fetching from the WAL failed: %r", exc, extra={"action": "fetch_failed"}
+        intake = self._intake
+        keepalive = asyncio.create_task(self._keepalive(), name=f"{self.name}-keepalive")
+        self._cpu_mark = time.process_time()
+
+        def busy() -> bool:
+            return self._running is not None and not self._running.done()
+
+        try:
+            fetch_failures = 0
+            while not self._stop.is_set():
+                overlapped = busy()
+                try:
+                    await intake.collect(self._stop.is_set, busy)
+                except Exception as exc:
+                    fetch_failures += 1
+                    await self._fetch_failed(exc, fetch_failures)
+                    continue
+                if fetch_failures:
+                    log.info(
+                        "fetching from the WAL works again",
+                        extra={"action": "fetch_recovered", "failures": fetch_failures},
                     )
-                await self._restore_consumer()
-                await self._pause(
-                    backoff_s(
-                        fetch_failures,
-                        initial_s=self.config.nats_retry_initial_s,
-                        max_s=self.config.nats_retry_max_s,
+                    fetch_failures = 0
+                if self._running is not None:
+                    # Raises only CancelledError (`stop` cancelled the cycle): the
+                    # messages in hand are then given back below.
+                    await self._running
+                    self._running = None
+                msgs = intake.take()
+                if msgs:
+                    if overlapped:
+                        self._stats.overlapped_cycles += 1
+                    self._running = asyncio.create_task(
+                        self._cycle(msgs), name=f"{self.name}-cycle"
                     )
-                )
-                continue
-            if fetch_failures:
-                log.info(
-                    "fetching from the WAL works again",
-                    extra={"action": "fetch_recovered", "failures": fetch_failures},
-                )
-                fetch_failures = 0
-            if msgs:
-                cycle_failures = await self._cycle(msgs, cycle_failures)
+                self._tick.set()
+            if self._running is not None:
+                await self._running
+        finally:
+            running, self._running = self._running, None
+            # Cancelled (stop without drain, or the drain timed out): the cycle gives its
+            # messages back itself; those collected for the next one go back here.
+            if running is not None and not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+            await self._runner_settler().all(
+                [Held(m) for m in intake.take()], Settle.NAK, self.config.requeue_delay_s
+            )
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+            self._count_cpu()
             self._tick.set()
-        self._tick.set()
 
     async def _restore_consumer(self) -> None:
         """After a failed fetch, re-create the durable consumer if someone deleted it
@@ -329,52 +373,72 @@ class Flusher:
                 extra={"action": "consumer_recreate_failed"},
             )
 
-    async def _cycle(self, msgs: list[Msg], failures: int) -> int:
-        """Run one cycle; returns the count of consecutive failed cycles."""
+    async def _fetch_failed(self, exc: Exception, failures: int) -> None:
+        self._stats.nats_errors += 1
+        if failures == 1:
+            log.warning("fetching from the WAL failed: %r", exc, extra={"action": "fetch_failed"})
+        await self._restore_consumer()
+        await self._pause(
+            backoff_s(
+                failures,
+                initial_s=self.config.nats_retry_initial_s,
+                max_s=self.config.nats_retry_max_s,
+            )
+        )
+
+    async def _cycle(self, msgs: list[Msg]) -> None:
+        """Run one cycle; after a failed one, pause (longer after each in a row) before
+        the next may start."""
         assert self._runner is not None
-        self._holding = True
         try:
-            async with self._keepalive():
-                await self._runner.run(msgs)
-            return 0
+            await self._runner.run(msgs)
+            self._cycle_failures = 0
         except Exception:
-            failures += 1
+            self._cycle_failures += 1
             self._stats.cycle_errors += 1
             log.exception(
                 "flush cycle failed; its messages were given back", extra={"action": "cycle_failed"}
             )
             await self._pause(
                 backoff_s(
-                    failures,
+                    self._cycle_failures,
                     initial_s=self.config.nak_delay_initial_s,
                     max_s=self.config.nak_delay_max_s,
                 )
             )
-            return failures
         finally:
-            self._holding = False
+            self._count_cpu()
 
-    @contextlib.asynccontextmanager
-    async def _keepalive(self) -> AsyncIterator[None]:
-        """Send in-progress acks for held messages every ack_wait/3 while a cycle runs, so a
-        slow apply or a database outage does not get them redelivered to another flusher."""
+    def _count_cpu(self) -> None:
+        """Add the process CPU time since the last count to `cpu_s`."""
+        now = time.process_time()
+        self._stats.cpu_s += now - self._cpu_mark
+        self._cpu_mark = now
 
-        async def beat() -> None:
-            assert self._runner is not None
-            while True:
-                await asyncio.sleep(self.config.ack_wait_s / 3)
-                for held in list(self._runner.held):
-                    if not held.settled:
-                        with contextlib.suppress(Exception):
-                            await held.msg.in_progress()
+    def _runner_settler(self) -> Settler:
+        assert self._runner is not None
+        return self._runner.settler
 
-        task = asyncio.create_task(beat(), name=f"{self.name}-keepalive")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    @property
+    def _holding(self) -> bool:
+        """Whether this flusher holds messages (in a cycle, or collected for the next)."""
+        in_hand = self._intake.in_hand if self._intake is not None else []
+        held = self._runner.held if self._runner is not None else []
+        return bool(in_hand or held)
+
+    async def _keepalive(self) -> None:
+        """Send in-progress acks for held messages every ack_wait/3, those of the running
+        cycle and those collected for the next, so a slow apply or a database outage does
+        not get them redelivered to another flusher."""
+        assert self._runner is not None
+        assert self._intake is not None
+        while True:
+            await asyncio.sleep(self.config.ack_wait_s / 3)
+            waiting = [Held(m) for m in self._intake.in_hand]
+            for held in [*self._runner.held, *waiting]:
+                if not held.settled:
+                    with contextlib.suppress(Exception):
+                        await held.msg.in_progress()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up at once when asked to stop."""

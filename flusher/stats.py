@@ -27,8 +27,11 @@ class FlusherStats:
 
     cycles: int = 0
     """Collection windows that fetched at least one message."""
+    fetched: int = 0
+    """WAL messages received from the consumer (counted on arrival; `messages` counts
+    them when their cycle starts, so the two differ by what waits for a cycle)."""
     messages: int = 0
-    """WAL messages fetched (redeliveries included)."""
+    """WAL messages taken by cycles (redeliveries included)."""
     entries: int = 0
     """Fetched messages that decoded into entries."""
     redeliveries: int = 0
@@ -70,6 +73,11 @@ class FlusherStats:
     """Times the durable consumer was found deleted and created again."""
     consumer_restore_failures: int = 0
     """Failed attempts to create a deleted durable consumer again (each logs an ERROR)."""
+    overlapped_cycles: int = 0
+    """Cycles whose messages were (partly) fetched while the previous cycle applied."""
+    cpu_s: float = 0.0
+    """CPU seconds of the whole process (`time.process_time`) while the drain loop ran,
+    summed cycle by cycle: decoding, applying, settling and the fetching in between."""
     cycle_errors: int = 0
     """Cycles aborted by an unexpected error (their messages were given back)."""
     held: int = 0
@@ -107,13 +115,14 @@ class FlusherStats:
 
     def as_dict(self) -> dict[str, int | float]:
         """A snapshot of the counters and gauges, plus `coalesced_entries` (entries saved
-        by coalescing)."""
+        by coalescing) and `cpu_per_entry_s` (`cpu_s` per applied entry)."""
         out: dict[str, int | float] = {
             item.name: getattr(self, item.name)
             for item in dataclasses.fields(self)
             if not item.metadata.get("histogram")
         }
         out["coalesced_entries"] = max(0, self.entries_applied - self.threads_applied)
+        out["cpu_per_entry_s"] = cpu_per_entry(self.cpu_s, self.entries_applied)
         return out
 
     def histograms(self) -> dict[str, HistogramSnapshot]:
@@ -123,3 +132,8 @@ class FlusherStats:
             "flush_duration_seconds": self.flush_duration.snapshot(),
             "flush_lag_seconds": self.flush_lag.snapshot(),
         }
+
+
+def cpu_per_entry(cpu_s: float, entries: int) -> float:
+    """CPU seconds per flushed entry (0.0 before any entry was flushed)."""
+    return cpu_s / entries if entries > 0 else 0.0
