@@ -505,10 +505,14 @@ class BufferedThreadRunStore:
         check_id(thread_id, "thread_id")
         if await self._inner_only(thread_id):
             return await self.inner.load_thread(thread_id)
-        hot = await self._log.hot(thread_id)
-        if hot is not None:
+        hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
+        if hot is None:
+            return await self.inner.load_thread(thread_id)
+        if mark is None or mark.seq <= hot.record.seq:
             return hot.record.thread
-        return await self.inner.load_thread(thread_id)
+        # Flushed past the hot record: an entry whose hot-record update was lost (commit
+        # unknown) has been applied. The database is newer than the hot record.
+        return (await self._view(thread_id)).thread
 
     async def load_messages(self, thread_id: str) -> list[Message] | None:
         """The latest message snapshot, unflushed checkpoints included."""

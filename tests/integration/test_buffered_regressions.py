@@ -590,3 +590,36 @@ async def test_delete_repeated_after_its_hot_update_was_lost_is_visible(
         assert await store.load_thread(thread) is None
         assert await store.load_messages(thread) is None
         assert thread not in {t.thread_id for t in await store.list_threads()}
+
+
+@pytest.mark.parametrize("last", ["checkpoint", "delete"])
+async def test_thread_summary_after_flushing_an_entry_whose_hot_update_was_lost(
+    open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch, last: str
+) -> None:
+    """An entry lands but its hot-record update is lost, then a flush applies it. Every
+    read must now show it: `load_thread` answered from the stale hot record for good
+    (the old summary, or a deleted thread still there) while `load_messages` read the
+    database."""
+    store = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    run = make_run(thread)
+    await store.checkpoint(thread, make_messages(2), run)
+    fail_next_hot_update(monkeypatch)
+    lost = (
+        store.checkpoint(thread, make_messages(3), run.replace(steps=3))
+        if last == "checkpoint"
+        else store.delete_thread(thread)
+    )
+    with pytest.raises(CommitUnknownError):
+        await lost
+    monkeypatch.undo()
+    await store.force_flush(thread)
+    summary = await store.load_thread(thread)
+    if last == "checkpoint":
+        assert summary is not None
+        assert summary.message_count == 3
+        assert await store.load_messages(thread) == make_messages(3)
+        assert await store.latest_run(thread) == run.replace(steps=3)
+    else:
+        assert summary is None
+        assert await store.load_messages(thread) is None
