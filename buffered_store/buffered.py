@@ -635,8 +635,15 @@ class BufferedThreadRunStore:
         """The thread with its messages as of the latest acknowledged checkpoint."""
         cursor = self._writer.cursors.get(thread_id)
         if cursor is not None and cursor.snapshot is not None:
-            hot = await self._log.hot(thread_id)
-            if hot is not None and hot.record.seq == cursor.seq:
+            hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
+            # This instance's snapshot is the latest when the hot record is at it, unless
+            # the thread was flushed past the hot record (an entry whose hot-record update
+            # was lost has been applied): the database is newer then.
+            if (
+                hot is not None
+                and hot.record.seq == cursor.seq
+                and (mark is None or mark.seq <= cursor.seq)
+            ):
                 return ThreadView(
                     seq=cursor.seq, thread=hot.record.thread, messages=cursor.snapshot, runs={}
                 )

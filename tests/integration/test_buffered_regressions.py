@@ -623,3 +623,25 @@ async def test_thread_summary_after_flushing_an_entry_whose_hot_update_was_lost(
     else:
         assert summary is None
         assert await store.load_messages(thread) is None
+
+
+async def test_reader_with_a_cursor_sees_a_flushed_entry_whose_hot_update_was_lost(
+    open_store: StoreFactory, inner_pair: InnerPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B wrote the thread last, so its cursor matches the hot record; A's next entry lands
+    but its hot-record update is lost, then it is flushed. B's reads took its cached
+    snapshot and the hot record's summary (both older than the database) for good."""
+    a = await open_store(inner_pair[0], drain_on_close=False)
+    b = await open_store(inner_pair[1], drain_on_close=False)
+    thread = tid()
+    run = make_run(thread)
+    await b.checkpoint(thread, make_messages(2), run)
+    fail_next_hot_update(monkeypatch)
+    with pytest.raises(CommitUnknownError):
+        await a.checkpoint(thread, make_messages(3), run.replace(steps=3), metadata={"k": 1})
+    monkeypatch.undo()
+    await a.force_flush(thread)
+    assert await b.load_messages(thread) == make_messages(3)
+    summary = await b.load_thread(thread)
+    assert summary is not None
+    assert (summary.message_count, summary.metadata) == (3, {"k": 1})
