@@ -360,7 +360,7 @@ class BufferedThreadRunStore:
             async with asyncio.timeout_at(deadline):
                 while True:
                     try:
-                        if await self._try_claim(thread_id, run_id):
+                        if await self._try_claim(thread_id, run_id, cursor.seq):
                             break
                     except WalUnavailableError:
                         await asyncio.sleep(delay)
@@ -371,11 +371,16 @@ class BufferedThreadRunStore:
             ) from exc
         cursor.runs.add(run_id)
 
-    async def _try_claim(self, thread_id: str, run_id: str) -> bool:
-        """One claiming attempt: True when the thread holds the claim, False to retry."""
+    async def _try_claim(self, thread_id: str, run_id: str, seq: int) -> bool:
+        """One claiming attempt: True when the thread holds the claim, False to retry.
+
+        `seq` is the thread's seq as the claimer knows it: a delete of the owner with a
+        higher seq happened after the claim (or after a stale cursor, whose checkpoint
+        then fails its compare-and-set, sees the delete and claims again).
+        """
         key = run_key(run_id)
         now_us = round(self._clock().timestamp() * 1e6)
-        mine = encode_run_claim(thread_id, now_us)
+        mine = encode_run_claim(thread_id, now_us, seq)
         try:
             await self.wal.kv_swap(key, mine, revision=None)
             return True
@@ -384,20 +389,21 @@ class BufferedThreadRunStore:
         current = await self.wal.kv_get(key)
         if current is None:
             return False  # deleted meanwhile: create it again
-        owner, claimed_at_us = decode_run_claim(current.value)
+        owner, claimed_at_us, claimed_seq = decode_run_claim(current.value)
         if owner != thread_id:
             run, owner_hot = await asyncio.gather(
                 self._load_run_overlay(run_id), self._log.hot(owner)
             )
             if run is not None and run.thread_id != thread_id:
                 raise run_owned_elsewhere(run_id, run.thread_id, thread_id)
-            # Deleted after the claim (both are in the hot bucket's stream, so revisions
-            # order them): a checkpoint built before the delete fails its CAS and, once
-            # it has seen the delete, claims again (see `_ClaimLost`).
-            deleted_since = (
-                owner_hot is not None
-                and owner_hot.record.thread is None
-                and owner_hot.revision > current.revision
+            # Deleted after the claim, even if re-created since: its delete seq is above
+            # the seq the claim was made at (claims without a seq: the thread is deleted
+            # now and its hot record is newer than the claim, both in the hot bucket's
+            # stream). A checkpoint built before the delete fails its CAS and, once it
+            # has seen the delete, claims again (see `_ClaimLost`).
+            deleted_since = owner_hot is not None and (
+                (claimed_seq is not None and owner_hot.record.deleted_seq > claimed_seq)
+                or (owner_hot.record.thread is None and owner_hot.revision > current.revision)
             )
             lapsed = now_us - claimed_at_us >= self.config.run_claim_grace_s * 1e6
             if run is None and not (deleted_since or lapsed):

@@ -645,3 +645,25 @@ async def test_reader_with_a_cursor_sees_a_flushed_entry_whose_hot_update_was_lo
     summary = await b.load_thread(thread)
     assert summary is not None
     assert (summary.message_count, summary.metadata) == (3, {"k": 1})
+
+
+async def test_run_of_a_thread_deleted_then_re_created_without_it_is_free(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """A's thread held R, was deleted, then re-created with another run. R exists nowhere
+    any more, so B may use it at once: the claim check only counted the owner as deleted
+    while it stayed deleted, and refused R for `run_claim_grace_s` (5 minutes)."""
+    a_store = await open_store(inner, drain_on_close=False)
+    b_store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run_id = f"run-{uuid.uuid4().hex}"
+    await a_store.checkpoint(a, make_messages(1), make_run(a, run_id))
+    await a_store.delete_thread(a)
+    await a_store.checkpoint(a, make_messages(2), make_run(a))
+    await b_store.checkpoint(b, make_messages(1), make_run(b, run_id))
+    assert [r.thread_id for r in await b_store.list_runs(b)] == [b]
+    await b_store.force_flush_all()
+    stored = await inner.load_run(run_id)
+    assert stored is not None
+    assert stored.thread_id == b
+    assert run_id not in {r.run_id for r in await inner.list_runs(a)}

@@ -259,9 +259,10 @@ def test_oversized_hot_record_leaves_its_runs_out() -> None:
 
 
 def test_run_claims_round_trip_and_old_claims_read_as_long_ago() -> None:
-    claim = encode_run_claim("thread-ü", 1_700_000_000_000_000)
-    assert decode_run_claim(claim) == ("thread-ü", 1_700_000_000_000_000)
-    assert decode_run_claim(b"legacy-thread") == ("legacy-thread", 0)
+    claim = encode_run_claim("thread-ü", 1_700_000_000_000_000, 42)
+    assert decode_run_claim(claim) == ("thread-ü", 1_700_000_000_000_000, 42)
+    assert decode_run_claim(b"legacy-thread") == ("legacy-thread", 0, None)
+    assert decode_run_claim(b"older\x00123") == ("older", 123, None)
 
 
 def test_floor_holds_threads_up_to_a_byte_budget() -> None:
