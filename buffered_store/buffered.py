@@ -555,13 +555,22 @@ class BufferedThreadRunStore:
             # that read. Read it again, now that the watermark is known (rare: only runs
             # last written below the watermark get here, and they read one more row).
             stored = await self.target.read_run(run_id)
-        candidates = dict(versions)
-        if stored is not None and stored.thread_seq > deleted_at:
-            current = candidates.get(run_id)
-            if current is None or current[1] < stored.thread_seq:
-                candidates[run_id] = (stored.run, stored.thread_seq)
-        found = candidates.get(run_id)
-        return found[0] if found else None
+        found = versions.get(run_id)
+        if stored is None:
+            return found[0] if found else None
+        if stored.run.thread_id == thread_id:
+            # Seqs of one thread: the newer version wins; a pending delete hides the row.
+            if stored.thread_seq > deleted_at and (found is None or found[1] < stored.thread_seq):
+                return stored.run
+            return found[0] if found else None
+        # The stored row is another thread's, and the claim has moved on (that thread was
+        # deleted, the run taken over): a pending version of the claimant wins whatever
+        # the seqs, which count different threads. Without one, the row stands unless its
+        # own thread has a pending delete above it.
+        if found is not None:
+            return found[0]
+        _, owner_deleted_at = await self._pending_runs(stored.run.thread_id)
+        return stored.run if stored.thread_seq > owner_deleted_at else None
 
     async def latest_run(self, thread_id: str) -> RunRecord | None:
         """The run of the thread's latest checkpoint."""

@@ -667,3 +667,27 @@ async def test_run_of_a_thread_deleted_then_re_created_without_it_is_free(
     assert stored is not None
     assert stored.thread_id == b
     assert run_id not in {r.run_id for r in await inner.list_runs(a)}
+
+
+async def test_run_taken_over_reads_as_the_new_threads_before_any_flush(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """Thread A's run R is flushed at A's seq 3; A is deleted (not flushed) and B takes R
+    over at B's seq 1. `load_run(R)` compared the two seqs as if of one thread and
+    returned A's stored version."""
+    a_store = await open_store(inner, drain_on_close=False)
+    b_store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run_id = f"run-{uuid.uuid4().hex}"
+    for step in range(1, 4):
+        await a_store.checkpoint(a, make_messages(step), make_run(a, run_id, steps=step))
+    await a_store.force_flush(a)
+    await a_store.delete_thread(a)
+    taken = make_run(b, run_id, steps=9)
+    await b_store.checkpoint(b, make_messages(1), taken)
+    for store in (a_store, b_store):
+        assert await store.load_run(run_id) == taken
+        assert await store.latest_run(b) == taken
+        assert await store.list_runs(b) == [taken]
+    await a_store.delete_thread(b)
+    assert await b_store.load_run(run_id) is None
