@@ -44,15 +44,13 @@ from pyspark.sql import functions as F
 from buffered_store.config import BufferedStoreConfig, EngineConfig
 from buffered_store.errors import ConfigError
 from buffered_store.records import ReadConsistency
+from buffered_store.spark.condense import CondensedTable, condense_table
 from buffered_store.spark.datasource import (
+    ENTRY_ARROW,
     MIN_PARTITION_ENTRIES,
-    OVERLAY_SCHEMA,
-    RUN_VERSION_SCHEMA,
     SOURCE_NAME,
-    Condensed,
     TailRead,
-    condense_tail,
-    read_rows,
+    read_table,
     run_sync,
     tail_bounds,
     tail_options,
@@ -186,7 +184,7 @@ class WalTail:
     bounds: tuple[int, int]
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
     entry_count: int
-    condensed: Condensed
+    condensed: CondensedTable
     overlay: DataFrame
     """One row per pending thread (`OVERLAY_SCHEMA`)."""
     run_versions: DataFrame
@@ -196,7 +194,7 @@ class WalTail:
     @property
     def pending(self) -> tuple[str, ...]:
         """Threads with entries in the tail."""
-        return tuple(row["thread_id"] for row in self.condensed.threads)
+        return tuple(self.condensed.thread_ids)
 
     def threads(self, jdbc: JdbcSource) -> DataFrame:
         """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""
@@ -318,24 +316,23 @@ def read_wal_tail(
     """
     bounds = tail_bounds(wal)
     first, last = bounds
-    entries: list[dict[str, Any]] = []
+    entries = ENTRY_ARROW.empty_table()
     if 0 <= last - first < driver_max_entries:
-        entries = read_rows(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
+        entries = read_table(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
     elif last >= first:
         register_datasource(spark)
         if partitions is None:
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
-        # Arrow keeps timestamps time-zone aware (collect() would make them naive).
-        entries = frame.load().toArrow().to_pylist()
-    condensed = condense_tail(entries)
+        entries = frame.load().toArrow()
+    condensed = condense_table(entries)
     return WalTail(
         spark,
         bounds,
-        len(entries),
+        entries.num_rows,
         condensed,
-        spark.createDataFrame(condensed.threads, OVERLAY_SCHEMA),
-        spark.createDataFrame(condensed.runs, RUN_VERSION_SCHEMA),
+        spark.createDataFrame(condensed.threads),
+        spark.createDataFrame(condensed.runs),
         broadcast,
     )
 
