@@ -83,6 +83,37 @@ class CondensedTable:
         counts = self.threads.column("ov_count").to_pylist()
         return dict(zip(self.thread_ids, counts, strict=True))
 
+    def replaced(self) -> dict[str, tuple[int, int]]:
+        """Per pending thread, ``(position, seq)``: when the watermark a JDBC partition
+        reads is below ``seq``, the merge replaces or hides every stored message row at
+        ``position`` and beyond (see `overlay_messages_sql`).
+
+        A deleted thread hides all its rows above its newest seq. Otherwise the rows from
+        `ov_base` on are replaced when every cell there is written by an entry above the
+        watermark, i.e. below the oldest such entry; a hole (never for well-formed entries)
+        leaves only the rows past the count, hidden above the newest seq.
+        """
+        messages = self.threads.column("ov_messages").combine_chunks()
+        flat = messages.flatten()
+        parents = _np(pc.list_parent_indices(messages)).astype(np.int64)
+        written = _np(flat.is_valid(), False).astype(bool)
+        cell_seq = _np(pc.struct_field(flat, "thread_seq"), 0).astype(np.int64)
+        rows = self.threads.num_rows
+        holes = np.zeros(rows, dtype=np.int64)
+        np.add.at(holes, parents, ~written)
+        oldest = _np(self.threads.column("ov_seq")).astype(np.int64).copy()
+        np.minimum.at(oldest, parents[written], cell_seq[written])
+        seq = _np(self.threads.column("ov_seq")).astype(np.int64)
+        base = _np(self.threads.column("ov_base")).astype(np.int64)
+        count = _np(self.threads.column("ov_count")).astype(np.int64)
+        deleted = _np(self.threads.column("ov_deleted"), False).astype(bool)
+        position = np.where(deleted, 0, np.where(holes > 0, count, base))
+        below = np.where(deleted | (holes > 0), seq, oldest)
+        return {
+            thread_id: (int(p), int(w))
+            for thread_id, p, w in zip(self.thread_ids, position, below, strict=True)
+        }
+
     def runs_by_thread(self) -> dict[str, list[str]]:
         """Per pending thread, the run ids whose newest version it holds."""
         out: dict[str, list[str]] = {thread_id: [] for thread_id in self.thread_ids}

@@ -7,9 +7,11 @@
 
 How the merge stays correct and cheap (DESIGN.md invariants 15 and 16):
 
-1. The WAL tail is read **first** (``threadlog`` source, on the executors) and condensed
-   on the driver into a small overlay: one row per pending thread, one per run id. Its
-   cost is O(pending entries). The JDBC reads run afterwards, at each action.
+1. The WAL tail is read **first** (``threadlog`` source, on the executors, as Arrow) and
+   condensed on the driver with column operations (`condense.condense_table`) into the
+   overlay: one row per pending thread, one per run id, handed to Spark as Arrow. Its
+   cost is O(pending entries). The JDBC reads run afterwards, at each action; rows the
+   overlay surely replaces come without their text (`CondensedTable.replaced`).
 2. Every JDBC statement returns, with each row of a pending thread, that thread's
    watermark ``W`` (`threads.flushed_seq`) read *in the same statement*, plus
    placeholder rows for what the entries may add (message positions beyond the stored
@@ -215,7 +217,7 @@ class WalTail:
         """Message rows of live threads at their newest seq, entries folded in."""
         if not self.pending:
             return read_messages(self.spark, jdbc)
-        sql = overlay_messages_sql(jdbc, self.condensed.counts())
+        sql = overlay_messages_sql(jdbc, self.condensed.counts(), self.condensed.replaced())
         overlay = self.overlay.select(
             "thread_id",
             "ov_seq",
@@ -309,10 +311,11 @@ def read_wal_tail(
     """Read the unflushed WAL tail now and condense it into the overlay.
 
     The entries are read on the executors (``threadlog`` source, one NATS connection per
-    slice of the tail) and condensed on the driver, which broadcasts the result: it
-    holds O(pending entries), like the broadcast itself. A tail of at most
-    `driver_max_entries` (one slice's worth, the usual case with a flusher running) is
-    read by the driver itself, which saves a Spark job and a Python worker.
+    slice of the tail), collected as one Arrow table and condensed on the driver with
+    column operations; the result, broadcast to the scans, holds O(pending entries). A
+    tail of at most `driver_max_entries` (one slice's worth, the usual case with a
+    flusher running) is read by the driver itself, which saves a Spark job and a Python
+    worker.
     """
     bounds = tail_bounds(wal)
     first, last = bounds

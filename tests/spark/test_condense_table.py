@@ -11,6 +11,7 @@ No Spark session and no services.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,15 +21,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buffered_store.entry import decode_entry_roles, encode_entry
+from buffered_store.planning import fold
 from buffered_store.spark.condense import (
     OVERLAY_ARROW,
     RUN_VERSION_ARROW,
     CondensedTable,
     condense_table,
 )
-from buffered_store.spark.datasource import ENTRY_ARROW, condense_tail, entry_batch
+from buffered_store.spark.datasource import ENTRY_ARROW, Condensed, condense_tail, entry_batch
 
-from .test_condense import as_dict, history
+from .test_condense import as_dict, history, merged, stored_view
 
 T0 = datetime(2026, 1, 2, tzinfo=UTC)
 THREADS = ["a", "b", "ü", "a\x00z"]
@@ -194,3 +196,26 @@ def test_a_stream_seq_tie_keeps_the_earlier_thread_and_seq() -> None:
     assert_same(rows)
     [version] = condense_table(pa.Table.from_pylist(rows, schema=ENTRY_ARROW)).runs.to_pylist()
     assert (version["ov_owner"], version["ov_run_seq"]) == ("a", 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rows_declared_replaced_are_never_shown_from_postgres(seed: int) -> None:
+    """`replaced()` lets the JDBC read drop the text of rows the merge replaces or hides:
+    with those rows' text garbled, the merge (`merged`, the Spark rules in Python) at any
+    watermark gives the same messages as the fold."""
+    rng = random.Random(seed)
+    entries = history(rng, rng.randint(1, 12))
+    for watermark in range(len(entries)):
+        start = rng.randint(0, watermark)
+        table = pa.Table.from_pylist([as_dict(e) for e in entries[start:]], schema=ENTRY_ARROW)
+        condensed = condense_table(table)
+        as_rows = Condensed(condensed.threads.to_pylist(), condensed.runs.to_pylist())
+        stored = stored_view(entries, watermark)
+        [(position, below)] = condensed.replaced().values()
+        garbled = [
+            b"garbled" if p >= position and watermark < below else message
+            for p, message in enumerate(stored.messages)
+        ]
+        expected = fold(stored, entries[start:])
+        messages, _ = merged(as_rows, replace(stored, messages=garbled), watermark)
+        assert messages == (None if expected.thread is None else expected.messages)
