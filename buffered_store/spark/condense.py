@@ -148,27 +148,36 @@ def _last_flagged(flags: Bools) -> Ints:
 
 
 def condense_table(table: pa.Table) -> CondensedTable:
-    """`condense_tail` over an Arrow table of ``threadlog`` rows in stream order. Pure."""
+    """`condense_tail` over an Arrow table of ``threadlog`` rows in stream order. Pure.
+
+    Only index arrays are sorted and filtered; the messages are gathered once, into the
+    overlay rows.
+    """
     table = table.select(ENTRY_ARROW.names).combine_chunks()
+    if not table.num_rows:
+        return CondensedTable(OVERLAY_ARROW.empty_table(), RUN_VERSION_ARROW.empty_table())
+    keys = table.select(["thread_id", "seq"])
     # Per thread in seq order; the stable sort keeps stream order among equal seqs, and
     # the first stored entry of a seq wins, as in `plan_entries`.
-    order = pc.sort_indices(table, [("thread_id", "ascending"), ("seq", "ascending")])
-    table = table.take(order)
-    new_thread = _changes(table.column("thread_id").combine_chunks())
-    first_of_seq = new_thread | _changes(table.column("seq").combine_chunks())
-    entries = table.filter(pa.array(first_of_seq))
-    if not entries.num_rows:
-        return CondensedTable(OVERLAY_ARROW.empty_table(), RUN_VERSION_ARROW.empty_table())
-    return CondensedTable(_thread_rows(entries), _run_versions(entries))
+    order = pc.sort_indices(keys, [("thread_id", "ascending"), ("seq", "ascending")])
+    sorted_keys = keys.take(order)
+    first_of_seq = _changes(sorted_keys.column("thread_id").combine_chunks()) | _changes(
+        sorted_keys.column("seq").combine_chunks()
+    )
+    rows = _np(order).astype(np.int64)[first_of_seq]
+    entries = table.drop_columns(["messages"]).take(pa.array(rows))
+    messages = table.column("messages").combine_chunks()
+    return CondensedTable(_thread_rows(entries, messages, rows), _run_versions(entries))
 
 
-def _thread_rows(entries: pa.Table) -> pa.Table:
-    """One `OVERLAY_ARROW` row per thread of `entries` (sorted, one entry per seq)."""
+def _thread_rows(entries: pa.Table, messages: pa.ListArray, rows: Ints) -> pa.Table:
+    """One `OVERLAY_ARROW` row per thread of `entries` (sorted, one entry per seq; entry
+    ``i`` has the messages ``messages[rows[i]]``)."""
     n = entries.num_rows
-    thread_ids = entries.column("thread_id").combine_chunks()
-    starts = _group_starts(_changes(thread_ids))
+    new_thread = _changes(entries.column("thread_id").combine_chunks())
+    starts = _group_starts(new_thread)
     ends = np.append(starts[1:], n) - 1  # last entry of each thread
-    group = np.cumsum(_changes(thread_ids)) - 1  # thread index of each entry
+    group = np.cumsum(new_thread) - 1  # thread index of each entry
     seq = _np(entries.column("seq")).astype(np.int64)
     jump = _np(entries.column("jump"), False).astype(bool)
     deleted = _np(pc.equal(entries.column("kind"), "del"), False).astype(bool)
@@ -185,7 +194,8 @@ def _thread_rows(entries: pa.Table) -> pa.Table:
     last_deleted = deleted[ends]
     count = np.where(last_deleted, 0, _np(entries.column("message_count"))[ends]).astype(np.int64)
 
-    base, messages = _message_cells(entries, group, seq, del_seq, count)
+    keep = _np(entries.column("keep")).astype(np.int64)
+    base, cells = _message_cells(messages, rows, keep, group, seq, del_seq, count)
     last = entries.take(pa.array(ends))
     columns = {
         "thread_id": last.column("thread_id"),
@@ -201,7 +211,7 @@ def _thread_rows(entries: pa.Table) -> pa.Table:
         "ov_latest_run_id": last.column("latest_run_id"),
         "ov_message_count": pa.array(count, pa.int32()),
         "ov_base": pa.array(base, pa.int32()),
-        "ov_messages": messages,
+        "ov_messages": cells,
     }
     return pa.Table.from_arrays(
         [pc.cast(columns[f.name], f.type) for f in OVERLAY_ARROW], schema=OVERLAY_ARROW
@@ -209,16 +219,24 @@ def _thread_rows(entries: pa.Table) -> pa.Table:
 
 
 def _message_cells(
-    entries: pa.Table, group: Ints, seq: Ints, del_seq: Ints, count: Ints
+    messages: pa.ListArray,
+    rows: Ints,
+    keep: Ints,
+    group: Ints,
+    seq: Ints,
+    del_seq: Ints,
+    count: Ints,
 ) -> tuple[Ints, pa.ListArray]:
     """Per thread: the lowest position written below its count (`ov_base`), and for each
     position from there to the count the newest entry's message (null: not written)."""
-    lists = entries.column("messages").combine_chunks()
-    lengths = _np(pc.list_value_length(lists)).astype(np.int64)
-    owner = np.repeat(np.arange(entries.num_rows, dtype=np.int64), lengths)
+    flat = messages.flatten()
+    offsets_all = np.asarray(messages.offsets, dtype=np.int64)
+    first_item = offsets_all[rows] - offsets_all[0]
+    lengths = _np(pc.list_value_length(messages)).astype(np.int64)[rows]
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
     starts = np.cumsum(lengths) - lengths
     within = np.arange(len(owner), dtype=np.int64) - np.repeat(starts, lengths)
-    keep = _np(entries.column("keep")).astype(np.int64)
+    item = first_item[owner] + within  # index into `flat`
     position = keep[owner] + within
     thread = group[owner]
     # A delete drops what came before it; positions past the newest count are not shown.
@@ -238,17 +256,18 @@ def _message_cells(
     slot_of_cell = offsets[thread[cells]] + position[cells] - base[thread[cells]]
     pick = np.full(int(offsets[-1]), -1, dtype=np.int64)
     pick[slot_of_cell] = cells
-    flat = lists.flatten()
-    values = pa.StructArray.from_arrays(
+    hole = pick < 0
+    picked = np.where(hole, 0, pick)
+    taken = pa.array(item[picked] if len(item) else picked, pa.int64(), mask=hole)
+    slots = pa.StructArray.from_arrays(
         [
-            pa.array(seq[owner], pa.int64()),
-            flat.field("role"),
-            flat.field("message"),
+            pa.array(seq[owner[picked]] if len(owner) else picked, pa.int64()),
+            flat.field("role").take(taken),
+            flat.field("message").take(taken),
         ],
         names=["thread_seq", "role", "message"],
+        mask=pa.array(hole),
     )
-    indices = pa.array(pick, pa.int64(), mask=pick < 0)
-    slots = values.take(indices)
     message_type = OVERLAY_ARROW.field("ov_messages").type
     return base, pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), slots, type=message_type)
 
