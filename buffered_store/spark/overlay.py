@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -334,10 +335,26 @@ def read_wal_tail(
         bounds,
         entries.num_rows,
         condensed,
-        spark.createDataFrame(condensed.threads),
-        spark.createDataFrame(condensed.runs),
+        _frame(spark, condensed.threads),
+        _frame(spark, condensed.runs),
         broadcast,
     )
+
+
+LOCAL_OVERLAY_MAX_BYTES = 8 << 20
+"""A larger overlay table is stored once in Spark's block manager (`localCheckpoint`)."""
+
+
+def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """`table` as a DataFrame. A small one stays a local relation; a large one would
+    otherwise travel inside the tasks of every action that reads it (Spark warns of
+    tasks of 100 MB, and a 1 GiB driver runs out of heap after a few actions), so it is
+    cut into batches and materialised once, in parallel, on the executors."""
+    if table.nbytes <= LOCAL_OVERLAY_MAX_BYTES:
+        return spark.createDataFrame(table)
+    rows = max(1, table.num_rows * (1 << 20) // max(1, table.nbytes))  # ~1 MiB batches
+    batches = table.to_batches(max_chunksize=rows)
+    return spark.createDataFrame(pa.Table.from_batches(batches)).localCheckpoint(eager=True)
 
 
 def flush_all(source: StoreSource) -> int:
