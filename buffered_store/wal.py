@@ -407,12 +407,23 @@ class Wal:
             found.extend(await self._scan_by_consumer(stream, subject, seq, head))
         return found
 
+    async def read_range(self, first: int, last: int) -> list[StoredMsg]:
+        """The WAL's messages with stream seq in ``[first, last]``, in stream order.
+
+        One short-lived consumer delivers them in batches of `SCAN_BATCH`: a round trip
+        per batch instead of one direct get per message.
+        """
+        if last < first:
+            return []
+        async with translated(f"read WAL messages {first}..{last}"):
+            return await self._scan_by_consumer(self.stream, None, max(1, first), "", last=last)
+
     async def _scan_by_consumer(
-        self, stream: str, subject: str, from_seq: int, head: str
+        self, stream: str, subject: str | None, from_seq: int, head: str, *, last: int = 0
     ) -> list[StoredMsg]:
-        """The messages on `subject` from `from_seq` to the stream's end, through an
-        ephemeral in-memory consumer (deleted after; the server drops it by itself if
-        this process dies first)."""
+        """The messages on `subject` (None: all) from `from_seq` to `last` (0: the
+        stream's end), through an ephemeral in-memory consumer (deleted after; the server
+        drops it by itself if this process dies first)."""
         info = await self.js.add_consumer(
             stream,
             ConsumerConfig(
@@ -432,18 +443,22 @@ class Wal:
                 sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=stream)
                 try:
                     done = False
+                    seq = from_seq - 1
                     while not done:
+                        # Never ask for more than the range holds: no batch overshoots it.
+                        size = SCAN_BATCH if not last else max(1, min(SCAN_BATCH, last - seq))
                         try:
-                            batch = await sub.fetch(
-                                SCAN_BATCH, timeout=self.config.request_timeout_s
-                            )
+                            batch = await sub.fetch(size, timeout=self.config.request_timeout_s)
                         except nats.errors.TimeoutError:
                             break  # the last pending ones were superseded meanwhile
                         for msg in batch:
+                            seq = msg.metadata.sequence.stream
+                            if last and seq > last:
+                                done = True
+                                break
                             if msg.data:
-                                seq = msg.metadata.sequence.stream
                                 found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
-                            done = msg.metadata.num_pending == 0
+                            done = msg.metadata.num_pending == 0 or seq == last
                 finally:
                     await sub.unsubscribe()
         finally:

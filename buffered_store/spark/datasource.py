@@ -40,9 +40,9 @@ from pyspark.sql.types import (
 )
 
 from buffered_store.config import EngineConfig
-from buffered_store.entry import WalEntry
-from buffered_store.errors import ConfigError
-from buffered_store.flushing import read_tail
+from buffered_store.entry import WalEntry, decode_entry_roles
+from buffered_store.errors import ConfigError, CorruptEntryError
+from buffered_store.keys import thread_from_subject
 from buffered_store.records import RunRecord
 from buffered_store.wal import Wal, translated
 
@@ -114,7 +114,8 @@ ENTRY_SCHEMA = StructType(
 )
 """Rows of the ``threadlog`` source. For a delete (`kind` ``del``) the summary columns
 are null and `messages` is empty; `at` is the entry's time (the thread's `updated_at`)."""
-_ENTRY_ARROW = to_arrow_schema(ENTRY_SCHEMA, timezone="UTC")
+ENTRY_ARROW = to_arrow_schema(ENTRY_SCHEMA, timezone="UTC")
+"""`ENTRY_SCHEMA` as Arrow (timestamps in UTC)."""
 
 OVERLAY_SCHEMA = (
     "thread_id string, ov_seq bigint, ov_first_seq bigint, ov_del_seq bigint, "
@@ -293,6 +294,66 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     }
 
 
+async def read_entries(
+    wal: Wal, config: EngineConfig, first: int, last: int
+) -> list[tuple[WalEntry, tuple[str, ...]]]:
+    """Decodable thread entries with stream seq in ``[first, last]`` and their messages'
+    roles, in stream order; skips what `flushing.read_tail` skips (the flusher
+    quarantines it). The range comes in batches (`Wal.read_range`)."""
+    out: list[tuple[WalEntry, tuple[str, ...]]] = []
+    for msg in await wal.read_range(first, last):
+        thread_id = thread_from_subject(config.stream_name, msg.subject)
+        if thread_id is None:
+            continue
+        try:
+            entry, roles = decode_entry_roles(msg.data, stream_seq=msg.seq)
+        except CorruptEntryError:
+            continue
+        if entry.thread_id == thread_id:
+            out.append((entry, roles))
+    return out
+
+
+def entry_batch(items: Sequence[tuple[WalEntry, tuple[str, ...]]]) -> pa.RecordBatch:
+    """The ``threadlog`` rows of `items` (what `entry_row` gives), built column by column.
+
+    The messages of all entries go into one flat list: no Python object per message
+    beyond the bytes the decoder made.
+    """
+    texts: list[bytes] = []
+    roles: list[str] = []
+    offsets = [0]
+    for entry, entry_roles in items:
+        texts.extend(entry.messages)
+        roles.extend(entry_roles)
+        offsets.append(len(texts))
+    entries = [entry for entry, _ in items]
+    threads = [entry.thread for entry in entries]
+    columns: dict[str, Any] = {
+        "thread_id": [e.thread_id for e in entries],
+        "seq": [e.seq for e in entries],
+        "kind": [e.kind.value for e in entries],
+        "stream_seq": [e.stream_seq for e in entries],
+        "at": [e.at for e in entries],
+        "keep": [e.keep for e in entries],
+        "jump": [e.jump for e in entries],
+        "message_count": [e.message_count for e in entries],
+        "created_at": [t.created_at if t else None for t in threads],
+        "parent_thread_id": [t.parent_thread_id if t else None for t in threads],
+        "metadata": [orjson.dumps(dict(t.metadata)).decode() if t else None for t in threads],
+        "latest_run_id": [t.latest_run_id if t else None for t in threads],
+        "run": [run_row(e.run) if e.run else None for e in entries],
+    }
+    arrays = [pa.array(columns[f.name], f.type) for f in ENTRY_ARROW if f.name != "messages"]
+    message_type = ENTRY_ARROW.field("messages").type
+    values = pa.StructArray.from_arrays(
+        [pa.array(roles, pa.string()), pa.array(texts, pa.binary()).cast(pa.string())],
+        fields=list(message_type.value_type),
+    )
+    messages = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, type=message_type)
+    return pa.RecordBatch.from_arrays([*arrays, messages], schema=ENTRY_ARROW)
+
+
 def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
     """The entries with stream seq in ``[lo, hi]``, one Arrow batch per chunk fetched.
 
@@ -305,28 +366,27 @@ def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
         try:
             for start in range(lo, hi + 1, read.chunk_entries):
                 stop = min(hi, start + read.chunk_entries - 1)
-                entries = loop.run_until_complete(read_tail(wal, config, start, stop))
-                if entries:
-                    rows = [entry_row(entry) for entry in entries]
-                    yield pa.RecordBatch.from_pylist(rows, schema=_ENTRY_ARROW)
+                items = loop.run_until_complete(read_entries(wal, config, start, stop))
+                if items:
+                    yield entry_batch(items)
         finally:
             loop.run_until_complete(wal.close())
     finally:
         loop.close()
 
 
-def read_rows(read: TailRead, lo: int, hi: int) -> list[dict[str, Any]]:
+def read_table(read: TailRead, lo: int, hi: int) -> pa.Table:
     """The rows of ``[lo, hi]``, read in this process (the driver, for a short tail)."""
 
-    async def fetch() -> list[dict[str, Any]]:
+    async def fetch() -> list[tuple[WalEntry, tuple[str, ...]]]:
         config = read.engine()
         wal = await open_wal(config)
         try:
-            return [entry_row(entry) for entry in await read_tail(wal, config, lo, hi)]
+            return await read_entries(wal, config, lo, hi)
         finally:
             await wal.close()
 
-    return run_sync(fetch)
+    return pa.Table.from_batches([entry_batch(run_sync(fetch))], schema=ENTRY_ARROW)
 
 
 class SeqRange(InputPartition):

@@ -190,22 +190,36 @@ def overlay_threads_sql(source: JdbcSource, pending: Iterable[str]) -> str:
     )
 
 
-def overlay_messages_sql(source: JdbcSource, counts: Mapping[str, int]) -> str:
+def overlay_messages_sql(
+    source: JdbcSource,
+    counts: Mapping[str, int],
+    replaced: Mapping[str, tuple[int, int]] | None = None,
+) -> str:
     """Messages, with the watermark of their thread when it is pending, plus placeholder
     rows for the positions a pending thread's entries add beyond its stored count, all
     in one statement (one snapshot).
 
-    `counts`: the newest message count of each pending thread.
+    `counts`: the newest message count of each pending thread. `replaced`: per pending
+    thread, ``(position, seq)`` such that, when the thread's watermark is below ``seq``,
+    the merge replaces or hides every row from ``position`` on: those rows come without
+    their text (`role` and `message` null), which then never leaves Postgres.
     """
-    rows = [{"thread_id": t, "n": n} for t, n in sorted(counts.items())]
+    replaced = replaced or {}
+    rows = [
+        {"thread_id": t, "n": n, "s": replaced.get(t, (n, 0))[0], "w": replaced.get(t, (n, 0))[1]}
+        for t, n in sorted(counts.items())
+    ]
+    unused = "m.position >= k.s AND k.watermark < k.w"
     return (
-        "WITH pending AS MATERIALIZED (SELECT thread_id, n FROM "
-        f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, n int)), "
-        "marks AS MATERIALIZED (SELECT p.thread_id, p.n, "
+        "WITH pending AS MATERIALIZED (SELECT thread_id, n, s, w FROM "
+        f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, n int, s int, w bigint)), "
+        "marks AS MATERIALIZED (SELECT p.thread_id, p.n, p.s, p.w, "
         "COALESCE(t.flushed_seq, 0) AS watermark, "
         f"CASE WHEN {_LIVE} THEN t.message_count ELSE 0 END AS stored "
         f"FROM pending p LEFT JOIN {source.table('threads')} t ON t.thread_id = p.thread_id) "
-        f"SELECT {_MESSAGE_SELECT}, k.watermark, false AS placeholder "
+        f"SELECT m.thread_id, m.position, CASE WHEN {unused} THEN NULL ELSE m.role END AS role, "
+        f"CASE WHEN {unused} THEN NULL ELSE m.message::text END AS message, m.thread_seq, "
+        "k.watermark, false AS placeholder "
         f"FROM {source.table('messages')} m LEFT JOIN marks k ON k.thread_id = m.thread_id "
         "UNION ALL SELECT k.thread_id, g.position, NULL, NULL, NULL, k.watermark, true "
         "FROM marks k CROSS JOIN LATERAL generate_series(k.stored, k.n - 1) AS g(position)"

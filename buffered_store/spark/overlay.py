@@ -7,9 +7,11 @@
 
 How the merge stays correct and cheap (DESIGN.md invariants 15 and 16):
 
-1. The WAL tail is read **first** (``threadlog`` source, on the executors) and condensed
-   on the driver into a small overlay: one row per pending thread, one per run id. Its
-   cost is O(pending entries). The JDBC reads run afterwards, at each action.
+1. The WAL tail is read **first** (``threadlog`` source, on the executors, as Arrow) and
+   condensed on the driver with column operations (`condense.condense_table`) into the
+   overlay: one row per pending thread, one per run id, handed to Spark as Arrow. Its
+   cost is O(pending entries). The JDBC reads run afterwards, at each action; rows the
+   overlay surely replaces come without their text (`CondensedTable.replaced`).
 2. Every JDBC statement returns, with each row of a pending thread, that thread's
    watermark ``W`` (`threads.flushed_seq`) read *in the same statement*, plus
    placeholder rows for what the entries may add (message positions beyond the stored
@@ -38,21 +40,20 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from buffered_store.config import BufferedStoreConfig, EngineConfig
 from buffered_store.errors import ConfigError
 from buffered_store.records import ReadConsistency
+from buffered_store.spark.condense import CondensedTable, condense_table
 from buffered_store.spark.datasource import (
+    ENTRY_ARROW,
     MIN_PARTITION_ENTRIES,
-    OVERLAY_SCHEMA,
-    RUN_VERSION_SCHEMA,
     SOURCE_NAME,
-    Condensed,
     TailRead,
-    condense_tail,
-    read_rows,
+    read_table,
     run_sync,
     tail_bounds,
     tail_options,
@@ -186,7 +187,7 @@ class WalTail:
     bounds: tuple[int, int]
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
     entry_count: int
-    condensed: Condensed
+    condensed: CondensedTable
     overlay: DataFrame
     """One row per pending thread (`OVERLAY_SCHEMA`)."""
     run_versions: DataFrame
@@ -196,7 +197,7 @@ class WalTail:
     @property
     def pending(self) -> tuple[str, ...]:
         """Threads with entries in the tail."""
-        return tuple(row["thread_id"] for row in self.condensed.threads)
+        return tuple(self.condensed.thread_ids)
 
     def threads(self, jdbc: JdbcSource) -> DataFrame:
         """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""
@@ -217,7 +218,7 @@ class WalTail:
         """Message rows of live threads at their newest seq, entries folded in."""
         if not self.pending:
             return read_messages(self.spark, jdbc)
-        sql = overlay_messages_sql(jdbc, self.condensed.counts())
+        sql = overlay_messages_sql(jdbc, self.condensed.counts(), self.condensed.replaced())
         overlay = self.overlay.select(
             "thread_id",
             "ov_seq",
@@ -311,33 +312,49 @@ def read_wal_tail(
     """Read the unflushed WAL tail now and condense it into the overlay.
 
     The entries are read on the executors (``threadlog`` source, one NATS connection per
-    slice of the tail) and condensed on the driver, which broadcasts the result: it
-    holds O(pending entries), like the broadcast itself. A tail of at most
-    `driver_max_entries` (one slice's worth, the usual case with a flusher running) is
-    read by the driver itself, which saves a Spark job and a Python worker.
+    slice of the tail), collected as one Arrow table and condensed on the driver with
+    column operations; the result, broadcast to the scans, holds O(pending entries). A
+    tail of at most `driver_max_entries` (one slice's worth, the usual case with a
+    flusher running) is read by the driver itself, which saves a Spark job and a Python
+    worker.
     """
     bounds = tail_bounds(wal)
     first, last = bounds
-    entries: list[dict[str, Any]] = []
+    entries = ENTRY_ARROW.empty_table()
     if 0 <= last - first < driver_max_entries:
-        entries = read_rows(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
+        entries = read_table(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
     elif last >= first:
         register_datasource(spark)
         if partitions is None:
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
-        # Arrow keeps timestamps time-zone aware (collect() would make them naive).
-        entries = frame.load().toArrow().to_pylist()
-    condensed = condense_tail(entries)
+        entries = frame.load().toArrow()
+    condensed = condense_table(entries)
     return WalTail(
         spark,
         bounds,
-        len(entries),
+        entries.num_rows,
         condensed,
-        spark.createDataFrame(condensed.threads, OVERLAY_SCHEMA),
-        spark.createDataFrame(condensed.runs, RUN_VERSION_SCHEMA),
+        _frame(spark, condensed.threads),
+        _frame(spark, condensed.runs),
         broadcast,
     )
+
+
+LOCAL_OVERLAY_MAX_BYTES = 8 << 20
+"""A larger overlay table is stored once in Spark's block manager (`localCheckpoint`)."""
+
+
+def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """`table` as a DataFrame. A small one stays a local relation; a large one would
+    otherwise travel inside the tasks of every action that reads it (Spark warns of
+    tasks of 100 MB, and a 1 GiB driver runs out of heap after a few actions), so it is
+    cut into batches and materialised once, in parallel, on the executors."""
+    if table.nbytes <= LOCAL_OVERLAY_MAX_BYTES:
+        return spark.createDataFrame(table)
+    rows = max(1, table.num_rows * (1 << 20) // max(1, table.nbytes))  # ~1 MiB batches
+    batches = table.to_batches(max_chunksize=rows)
+    return spark.createDataFrame(pa.Table.from_batches(batches)).localCheckpoint(eager=True)
 
 
 def flush_all(source: StoreSource) -> int:

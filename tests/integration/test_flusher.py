@@ -875,3 +875,16 @@ async def test_deleted_consumer_is_created_again_and_flushing_resumes(
     info = await wal.js.consumer_info(fconfig.stream_name, fconfig.consumer_name)
     assert info.config.ack_wait == fconfig.ack_wait_s
     await service.wait_idle()
+
+
+async def test_read_range_returns_a_slice_of_the_stream_in_order(wal: Any, writer: Writer) -> None:
+    """`Wal.read_range` (the Spark overlay's tail read) over more than two batches."""
+    seqs = [await writer.raw(f"t{i % 3}", f"p{i}".encode()) for i in range(1200)]
+    got = await wal.read_range(seqs[5], seqs[1100])
+    assert [m.seq for m in got] == seqs[5:1101]
+    assert [m.data for m in got] == [f"p{i}".encode() for i in range(5, 1101)]
+    assert {m.subject for m in got} == {
+        wal_subject(wal.config.stream_name, f"t{i}") for i in range(3)
+    }
+    assert await wal.read_range(seqs[-1] + 1, seqs[-1] + 10) == []
+    assert await wal.read_range(seqs[3], seqs[2]) == []

@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from buffered_store.errors import RunOwnershipError
 from buffered_store.records import ReadConsistency, RunRecord, RunStatus
+from buffered_store.spark import overlay
 from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
 from buffered_store.spark.overlay import read_tables, read_wal_tail
 from buffered_store.testing import make_messages, make_run
@@ -218,3 +219,18 @@ async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
     by_driver = read_wal_tail(spark, env.config)
     assert by_driver.condensed == by_executors.condensed
     assert by_driver.entry_count == by_executors.entry_count == 6
+
+
+async def test_a_large_overlay_stored_on_the_executors_reads_the_same(
+    env: StoreEnv, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overlay past `LOCAL_OVERLAY_MAX_BYTES` is materialised by `localCheckpoint`
+    instead of staying a driver-local relation; the tables read are the same."""
+    store = env.store
+    for i in range(4):
+        await store.checkpoint(f"t{i}", make_messages(i + 2), make_run(f"t{i}", f"r{i}"))
+    await store.force_flush("t1")
+    await store.checkpoint("t1", make_messages(1), make_run("t1", "r1", steps=2))
+    local = spark_view(read_tables(spark, env.source))
+    monkeypatch.setattr(overlay, "LOCAL_OVERLAY_MAX_BYTES", 0)
+    assert spark_view(read_tables(spark, env.source)) == local
