@@ -269,6 +269,11 @@ INNER = Family(
         _c("statements", "inner_statements", "Postgres statements executed."),
         _c("checkpoints", "inner_checkpoints", "Direct checkpoint calls (no buffering)."),
         _c("apply_calls", "inner_apply_calls", "Flush batches applied (one transaction each)."),
+        _c(
+            "conflict_retries",
+            "inner_conflict_retries",
+            "Apply transactions run again after a deadlock or serialization failure.",
+        ),
         _c("thread_applications", "inner_apply_outcomes", _OUTCOMES, outcome="applied"),
         _c("stale", "inner_apply_outcomes", _OUTCOMES, outcome="stale"),
         _c("gaps", "inner_apply_outcomes", _OUTCOMES, outcome="gap"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,12 +47,16 @@ from buffered_store.checkpointing import (
 from buffered_store.entry import WalEntry
 from buffered_store.errors import RunOwnershipError, StoreError
 from buffered_store.planning import coalesce
-from buffered_store.postgres_errors import DbFailure
+from buffered_store.postgres_errors import DbFailure, retry_in_place, sqlstate_of
 from buffered_store.postgres_reads import PostgresReads, failure_of
 from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread, utcnow
 from buffered_store.target import ApplyOutcome, ApplyStatus
 
 __all__ = ["PostgresThreadRunStore"]
+
+_APPLY_ATTEMPTS = 5
+"""Runs of one `apply()` transaction that a deadlock or serialization failure may take
+(`retry_in_place`); the last failure is raised as `ConflictError`."""
 
 
 def _is_data_error(error: BaseException) -> bool:
@@ -384,14 +389,15 @@ class PostgresThreadRunStore(PostgresReads):
         order.sort(key=lambda index: batches[index][0].thread_id)
         self._stats["apply_calls"] += 1
         with self._guard():
-            try:
-                done = await self._apply_all(batches, order, savepoints=False)
-            except sa_exc.DBAPIError as error:
-                if not _is_data_error(error):
-                    raise
-                # Savepoints cost two round trips per thread, so they are only paid for
-                # once a thread's data was rejected: redo the call isolating each thread.
-                done = await self._apply_all(batches, order, savepoints=True)
+            for attempt in itertools.count(1):
+                try:
+                    done = await self._apply_isolating(batches, order)
+                    break
+                except sa_exc.DBAPIError as error:
+                    code = sqlstate_of(error)
+                    if not retry_in_place(code, attempt, attempts=_APPLY_ATTEMPTS):
+                        raise
+                    self._stats["conflict_retries"] += 1
         for index, (outcome, entries) in done.items():
             outcomes[index] = outcome
             self._count(outcome, entries)
@@ -406,15 +412,57 @@ class PostgresThreadRunStore(PostgresReads):
             key = {"stale": "stale", "gap": "gaps", "failed": "failed"}[outcome.status.value]
             self._stats[key] += 1
 
+    async def _apply_isolating(
+        self, batches: Sequence[Sequence[WalEntry]], order: list[int]
+    ) -> dict[int, tuple[ApplyOutcome, int]]:
+        try:
+            return await self._apply_all(batches, order, savepoints=False)
+        except sa_exc.DBAPIError as error:
+            if not _is_data_error(error):
+                raise
+            # Savepoints cost two round trips per thread, so they are only paid for
+            # once a thread's data was rejected: redo the call isolating each thread.
+            return await self._apply_all(batches, order, savepoints=True)
+
     async def _apply_all(
         self, batches: Sequence[Sequence[WalEntry]], order: list[int], *, savepoints: bool
     ) -> dict[int, tuple[ApplyOutcome, int]]:
         done: dict[int, tuple[ApplyOutcome, int]] = {}
         async with self._transaction() as conn:
+            # Rows first, then locks, each in code point order: see `sql.CREATE_THREADS`.
+            created = await self._create_missing(conn, [batches[index] for index in order])
             rows = await self._lock_many(conn, [batches[index][0].thread_id for index in order])
             for index in order:
-                done[index] = await self._apply_thread(conn, batches[index], savepoints, rows)
+                done[index] = await self._apply_thread(
+                    conn, batches[index], savepoints, rows, created
+                )
         return done
+
+    async def _create_missing(
+        self, conn: AsyncConnection, batches: Sequence[Sequence[WalEntry]]
+    ) -> set[str]:
+        """Insert the rows of the threads that may be new, before any lock is taken;
+        returns the ids this transaction inserted (their rows are empty until written).
+
+        Only a batch holding its thread's first entry (seq 1) can create the thread: any
+        other batch of a thread without a row is a gap, which writes nothing. Once the
+        threads exist, a call inserts nothing and this costs no round trip."""
+        ids: set[str] = set()
+        for batch in batches:
+            if any(entry.seq == 1 for entry in batch):
+                with contextlib.suppress(StoreError):
+                    ids.add(codec.check_key(batch[0].thread_id, "thread_id"))
+        if not ids:
+            return set()
+        # Python orders str by code point, as the "C" collation orders UTF-8.
+        params = sql.bind(thread_ids=sorted(ids))
+        return set((await self._execute(conn, sql.CREATE_THREADS, params)).scalars())
+
+    async def _drop_created(self, conn: AsyncConnection, thread_id: str, created: set[str]) -> None:
+        """Remove the empty row inserted for a thread whose batch was then not written."""
+        if thread_id in created:
+            created.discard(thread_id)
+            await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
 
     async def _lock_many(
         self, conn: AsyncConnection, thread_ids: Sequence[str]
@@ -440,6 +488,7 @@ class PostgresThreadRunStore(PostgresReads):
         entries: Sequence[WalEntry],
         savepoints: bool,
         locked: dict[str, codec.ThreadRow | None],
+        created: set[str],
     ) -> tuple[ApplyOutcome, int]:
         thread_id = entries[0].thread_id
         try:
@@ -453,16 +502,20 @@ class PostgresThreadRunStore(PostgresReads):
         else:
             row = await self._lock_existing(conn, thread_id)
         # Plan against "absent" before inserting a row for a new thread, so a batch that
-        # is not applied never leaves an empty row behind.
+        # is not applied never leaves an empty row behind (a row `_create_missing`
+        # inserted is as empty as an absent one, and is dropped again).
         base = row or codec.ThreadRow(thread_id, 0, 0, None)
         planned = codec.plan_batch(entries, base)
         if isinstance(planned, ApplyOutcome):
+            await self._drop_created(conn, thread_id, created)
             return planned, 0
         isolate = conn.begin_nested() if savepoints else contextlib.nullcontext()
         inserted = False
         try:
             async with isolate:
                 if row is None:
+                    # Normally only a thread given twice in one call, whose first batch did not
+                    # create it, gets here: its row is inserted after other locks.
                     row = await self._ensure(conn, thread_id)
                     inserted = row.flushed_seq == 0
                     if row.flushed_seq != 0:  # another flusher created it meanwhile
@@ -473,11 +526,14 @@ class PostgresThreadRunStore(PostgresReads):
         except sa_exc.DBAPIError as error:
             if not savepoints or not _is_data_error(error):
                 raise
+            # The savepoint undid the write; a row inserted before it has to go.
+            await self._drop_created(conn, thread_id, created)
             return codec.failed(thread_id, base.flushed_seq, error), 0
         except RunOwnershipError as error:
             # The gate wrote nothing; only the empty row inserted above has to go.
             if inserted:
                 await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
+            await self._drop_created(conn, thread_id, created)
             return codec.failed(thread_id, base.flushed_seq, error), 0
         return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries
 

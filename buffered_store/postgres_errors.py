@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DbFailure", "classify_sqlstate", "sqlstate_of"]
+__all__ = ["DbFailure", "classify_sqlstate", "retry_in_place", "sqlstate_of"]
 
 
 class DbFailure(StrEnum):
@@ -73,6 +73,26 @@ def classify_sqlstate(sqlstate: str | None) -> DbFailure | None:
     if code[:2] in _DATA_CLASSES:
         return DbFailure.DATA
     return DbFailure.OTHER
+
+
+_RETRY_IN_PLACE_STATES = frozenset({"40001", "40P01"})
+"""Serialization failure and deadlock: Postgres aborted this transaction so that a
+concurrent one could go on. The same transaction run again sees the winner's commit."""
+
+
+def retry_in_place(sqlstate: str | None, attempt: int, *, attempts: int) -> bool:
+    """Whether a transaction that failed with `sqlstate` on its `attempt`-th run
+    (1-based) should run again at once, up to `attempts` runs in all.
+
+    Only a deadlock or a serialization failure is retried in place: the database chose
+    this transaction as the loser, and a new run waits behind the winner instead of
+    colliding with it. A lock timeout (55P03, also a `DbFailure.CONFLICT`) is not: the
+    operator bounded the wait, and waiting again would double it. Outages and rejected
+    data are left to the caller.
+    """
+    if sqlstate is None or attempt >= attempts:
+        return False
+    return sqlstate.upper() in _RETRY_IN_PLACE_STATES
 
 
 def sqlstate_of(error: BaseException) -> str | None:

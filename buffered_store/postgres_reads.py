@@ -93,6 +93,7 @@ class PostgresReads:
                 "snapshot_reads",
                 "deletes",
                 "apply_calls",
+                "conflict_retries",
                 "thread_applications",
                 "applied_entries",
                 "stale",
@@ -107,7 +108,8 @@ class PostgresReads:
     def stats(self) -> dict[str, int]:
         """Counters since `connect`: transactions and statements executed, checkpoints
         (``fast_checkpoints``: one-statement ones), ``snapshot_reads`` (cache misses),
-        apply calls and their outcomes, message and run rows written."""
+        apply calls and their outcomes (``conflict_retries``: transactions run again after
+        a deadlock or serialization failure), message and run rows written."""
         return dict(self._stats)
 
     async def close(self) -> None:

@@ -109,6 +109,27 @@ LOCK_THREADS = (
 "C" collation of UTF-8), the order `apply()` sorts its threads in, so concurrent flushers
 take the locks in one global order."""
 
+_new_thread_ids = (
+    func.unnest(_p("thread_ids", _TEXT_ARRAY))
+    .table_valued(column("thread_id", Text))
+    .render_derived(name="new_threads")
+)
+CREATE_THREADS = (
+    pg_insert(threads)
+    .from_select(
+        ["thread_id"],
+        select(_new_thread_ids.c.thread_id).order_by(_new_thread_ids.c.thread_id.collate("C")),
+    )
+    .on_conflict_do_nothing(index_elements=[threads.c.thread_id])
+    .returning(threads.c.thread_id)
+)
+"""Insert an empty row for each of many threads that has none, in code point order;
+returns the ids inserted. It runs before `LOCK_THREADS`, so a transaction never inserts a
+row after locking others: an insert waits for a concurrent uncommitted insert of the same
+id, and rows are inserted in the same global order as they are locked, so concurrent
+flushers creating overlapping sets of threads cannot deadlock. Existing rows are neither
+written nor locked (no tuple, no WAL record)."""
+
 _ensure = pg_insert(threads).values(thread_id=_p("thread_id"))
 ENSURE_THREAD = _ensure.on_conflict_do_update(
     index_elements=[threads.c.thread_id],

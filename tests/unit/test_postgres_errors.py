@@ -12,7 +12,12 @@ from buffered_store.errors import (
     StoreError,
     ValidationError,
 )
-from buffered_store.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
+from buffered_store.postgres_errors import (
+    DbFailure,
+    classify_sqlstate,
+    retry_in_place,
+    sqlstate_of,
+)
 from buffered_store.postgres_reads import failure_of, translate_error
 
 U, C, D, X = DbFailure.UNAVAILABLE, DbFailure.CONFLICT, DbFailure.DATA, DbFailure.OTHER
@@ -95,3 +100,37 @@ def test_without_sqlstate_the_class_decides() -> None:
     invalidated = _wrapped(psycopg.errors.UniqueViolation("dup"), sa_exc.IntegrityError)
     invalidated.connection_invalidated = True
     assert isinstance(translate_error(invalidated), DatabaseUnavailableError)
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40p01", "40001"])
+def test_deadlock_and_serialization_failure_are_retried_in_place(sqlstate: str) -> None:
+    assert [retry_in_place(sqlstate, attempt, attempts=3) for attempt in (1, 2, 3, 4)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+@pytest.mark.parametrize(
+    "sqlstate",
+    [
+        None,
+        "",
+        "55P03",  # lock_not_available: a conflict, but the wait was bounded on purpose
+        "40003",  # statement_completion_unknown: an outage, the caller's backoff
+        "40002",  # integrity violation at commit: data
+        "08006",
+        "57P01",
+        "23505",
+        "42P01",
+    ],
+)
+def test_other_failures_are_not_retried_in_place(sqlstate: str | None) -> None:
+    assert not retry_in_place(sqlstate, 1, attempts=5)
+
+
+def test_a_wrapped_deadlock_is_retried_in_place() -> None:
+    deadlock = _wrapped(psycopg.errors.DeadlockDetected("deadlock"), sa_exc.OperationalError)
+    assert retry_in_place(sqlstate_of(deadlock), 1, attempts=2)
+    assert not retry_in_place(sqlstate_of(deadlock), 2, attempts=2)
