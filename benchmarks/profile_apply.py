@@ -5,7 +5,9 @@ transaction (building parameters, psycopg encoding, row conversion). Each cycle 
 every thread `--entries` new checkpoint entries (each appends `--per-step` messages of
 about `--size` bytes and bumps the thread's run) and applies them all in one `apply()`
 call, as the flusher does. It reports client CPU (`time.process_time`) per entry and per
-message row, which stays meaningful on a busy shared machine where wall time does not.
+message row (and, apart, the CPU of decoding the fetched messages' subjects and payloads,
+`flusher.policy.classify`), which stays meaningful on a busy shared machine where wall
+time does not.
 
     .venv/bin/python -m buffered_store.benchmarks.profile_apply               # own Postgres
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test \\
@@ -26,12 +28,17 @@ import psycopg
 
 from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.devservices import PostgresServer, to_libpq_url
-from buffered_store.entry import WalEntry
+from buffered_store.entry import WalEntry, encode_entry
+from buffered_store.flushing import group_by_thread
+from buffered_store.keys import wal_subject
 from buffered_store.postgres import PostgresThreadRunStore
 from buffered_store.records import Message, RunRecord, Thread, utcnow
 from buffered_store.target import ApplyStatus
+from flusher.policy import classify
 
 from .workload import message
+
+STREAM = "THREADLOG"
 
 
 @dataclass
@@ -71,16 +78,24 @@ async def run_cycles(
     cycles: int,
     args: argparse.Namespace,
     profiler: cProfile.Profile | None,
-) -> tuple[float, float, int]:
-    """CPU and wall seconds spent in `apply()` over `cycles`, and the entries applied."""
-    cpu = wall = 0.0
+) -> tuple[float, float, float, int]:
+    """CPU seconds spent decoding the cycle's messages and in `apply()`, wall seconds in
+    `apply()`, over `cycles`; and the entries applied."""
+    decode = cpu = wall = 0.0
     applied = 0
     for _ in range(cycles):
-        batches = [
-            [w.next_entry(args.per_step, args.size) for _ in range(args.entries)] for w in writers
+        fetched = [
+            (wal_subject(STREAM, w.thread_id), encode_entry(w.next_entry(args.per_step, args.size)))
+            for w in writers
+            for _ in range(args.entries)
         ]
         if profiler is not None:
             profiler.enable()
+        cpu0 = time.process_time()
+        # What the flusher does with each fetched message before grouping it by thread.
+        decoded = [classify(STREAM, subject, data, 0) for subject, data in fetched]
+        decode += time.process_time() - cpu0
+        batches = list(group_by_thread([e for e in decoded if isinstance(e, WalEntry)]).values())
         cpu0, wall0 = time.process_time(), time.perf_counter()
         outcomes = await store.apply(batches)
         cpu += time.process_time() - cpu0
@@ -92,7 +107,7 @@ async def run_cycles(
                 f"not applied: {[o for o in outcomes if o.status.value != 'applied']}"
             )
         applied += sum(len(b) for b in batches)
-    return cpu, wall, applied
+    return decode, cpu, wall, applied
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -110,7 +125,8 @@ async def main(args: argparse.Namespace) -> None:
         try:
             writers = [Writer(i, f"probe-{i}") for i in range(args.threads)]
             await run_cycles(store, writers, args.warmup, args, None)
-            cpu, wall, applied = await run_cycles(store, writers, args.cycles, args, profiler)
+            measured = await run_cycles(store, writers, args.cycles, args, profiler)
+            decode, cpu, wall, applied = measured
         finally:
             await store.close()
     finally:
@@ -129,6 +145,7 @@ async def main(args: argparse.Namespace) -> None:
         f"cpu {cpu * 1e6 / applied:.1f} µs/entry, {cpu * 1e6 / rows:.1f} µs/message row; "
         f"wall {wall * 1e3 / args.cycles:.1f} ms/apply"
     )
+    print(f"decode (subject and payload) cpu {decode * 1e6 / applied:.1f} µs/entry")
     if profiler is not None:
         profiler.dump_stats(args.profile)
         print(f"profile written to {args.profile}")
