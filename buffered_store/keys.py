@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 
 from buffered_store.errors import ValidationError
 from buffered_store.records import check_id
@@ -34,8 +35,21 @@ def decode_token(token: str) -> str:
     return value
 
 
+_CACHED_THREADS = 4096
+"""Threads whose subject/token translations each cache remembers (least recently used
+dropped first): a flusher or writer sees the same active threads over and over."""
+
+
 def thread_token(thread_id: str) -> str:
     """Validated, encoded thread id."""
+    if type(thread_id) is str:
+        return _thread_token(thread_id)
+    return encode_token(check_id(thread_id, "thread_id"))  # raises: not a str
+
+
+@functools.lru_cache(maxsize=_CACHED_THREADS)
+def _thread_token(thread_id: str) -> str:
+    # An invalid id raises, and exceptions are not cached: it is checked on every call.
     return encode_token(check_id(thread_id, "thread_id"))
 
 
@@ -50,7 +64,15 @@ def wal_subject(stream: str, thread_id: str) -> str:
 
 
 def thread_from_subject(stream: str, subject: str) -> str | None:
-    """The thread id a WAL subject belongs to, or None when it is not a thread subject."""
+    """The thread id a WAL subject belongs to, or None when it is not a thread subject.
+
+    Decoding (base64, UTF-8, canonical check) costs about ten times a cache hit, and the
+    flusher decodes the subject of every message it fetches: results are cached."""
+    return _thread_from_subject(stream, subject)
+
+
+@functools.lru_cache(maxsize=_CACHED_THREADS)
+def _thread_from_subject(stream: str, subject: str) -> str | None:
     prefix = f"{stream}.{THREAD_SUBJECT_KIND}."
     if not subject.startswith(prefix):
         return None

@@ -14,8 +14,10 @@ this module decides what to execute):
   and the checkpoint falls back to the locking path.
 - Locking path: BEGIN, ``SELECT ... FOR UPDATE`` (plus an insert for a new thread), a read
   of the stored snapshot when this process does not have it, the gated write, COMMIT.
-- `apply()`: one transaction for the whole call; one statement locks every thread row of
-  the call (the watermark gate, ``thread_id = ANY(...)``), then one write per thread.
+- `apply()`: one transaction for the whole call; one statement creates the rows of the
+  threads the call may create (skipped when none), one locks every thread row of the call
+  (the watermark gate, ``thread_id = ANY(...)``), then one write per thread. A deadlock
+  or serialization failure runs the transaction again (`retry_in_place`).
 """
 
 from __future__ import annotations
@@ -372,7 +374,9 @@ class PostgresThreadRunStore(PostgresReads):
     async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
         """Apply each thread's entries with its watermark, in one transaction.
 
-        Threads are locked in sorted id order, so concurrent flushers cannot deadlock.
+        Missing thread rows are created, then all rows locked, in sorted id order, so
+        concurrent flushers cannot deadlock; should the database still abort the
+        transaction as a deadlock victim, it runs again (up to `_APPLY_ATTEMPTS` runs).
         A thread whose data the database rejects is rolled back alone and reported
         FAILED; losing the database raises `DatabaseUnavailableError` (nothing committed).
         """

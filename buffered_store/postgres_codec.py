@@ -10,7 +10,7 @@ is sent to the database.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -56,6 +56,11 @@ def json_text(value: Any, what: str) -> str:
         return jsonb_text(orjson.dumps(value))
     except orjson.JSONEncodeError as exc:
         raise ValidationError(f"{what} cannot be encoded as JSON: {exc}") from exc
+
+
+def json_array(items: Iterable[str]) -> str:
+    """One JSON array of JSON texts (each already valid JSON: nothing is re-encoded)."""
+    return "[" + ",".join(items) + "]"
 
 
 def check_key(value: Any, what: str) -> str:
@@ -161,10 +166,12 @@ def build_write(
         message_count=change.message_count,
     )
     if change.messages:
-        params["messages"] = [jsonb_text(item) for item in change.messages]
+        params["messages"] = json_array(jsonb_text(item) for item in change.messages)
         params["keep"] = change.keep
     if change.runs:
-        params["run_records"] = [json_text(run.to_json(), "run") for run, _ in change.runs.values()]
+        params["run_records"] = json_array(
+            json_text(run.to_json(), "run") for run, _ in change.runs.values()
+        )
         params["run_seqs"] = [seq for _, seq in change.runs.values()]
         params["run_ids"] = list(change.runs)
     truncate = change.message_count < (0 if reset else stored_count)

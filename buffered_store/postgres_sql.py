@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import Grouping
 
 from buffered_store.schema import TSTZ, messages, runs, threads
 
@@ -234,10 +235,12 @@ def _gate(*, claims_runs: bool) -> tuple[Any, Exists]:
 
 
 def _upsert_messages(gated: Exists) -> Any:
-    # One array parameter of pre-encoded JSON, expanded server-side: the statement text is
-    # the same for any number of rows, so psycopg prepares it once per connection.
+    # One parameter, a JSON array of the pre-encoded messages, expanded server-side: the
+    # statement text is the same for any number of rows, so psycopg prepares it once per
+    # connection, and a text parameter is sent as is (a text[] one would be escaped by
+    # psycopg element by element: a backslash before each of the many quotes of JSON).
     rows = (
-        func.unnest(cast(_p("messages", _TEXT_ARRAY), ARRAY(JSONB)))
+        func.jsonb_array_elements(cast(_p("messages"), JSONB))
         .table_valued(column("message", JSONB), with_ordinality="ordinal")
         .render_derived(name="new_messages")
     )
@@ -264,14 +267,15 @@ def _upsert_messages(gated: Exists) -> Any:
 
 
 def _upsert_runs(gated: Exists) -> Any:
+    # Like the messages: one JSON array of the records, each with its seq at the same
+    # (1-based) position of a bigint[] parameter.
     rows = (
-        func.unnest(
-            cast(_p("run_records", _TEXT_ARRAY), ARRAY(JSONB)), _p("run_seqs", ARRAY(BigInteger))
-        )
-        .table_valued(column("record", JSONB), column("seq", BigInteger))
+        func.jsonb_array_elements(cast(_p("run_records"), JSONB))
+        .table_valued(column("record", JSONB), with_ordinality="ordinal")
         .render_derived(name="new_runs")
     )
     record = rows.c.record
+    seq = Grouping(_p("run_seqs", ARRAY(BigInteger)))[rows.c.ordinal]
 
     def field(name: str, type_: Any = None) -> Any:
         value = record[name].astext
@@ -290,7 +294,7 @@ def _upsert_runs(gated: Exists) -> Any:
         field("input_tokens", BigInteger),
         field("output_tokens", BigInteger),
         record,
-        rows.c.seq,
+        seq,
     ).where(gated)
     names = [c.name for c in runs.columns]
     stmt = pg_insert(runs).from_select(names, source)

@@ -133,3 +133,25 @@ def test_lone_surrogate_id_is_a_validation_error() -> None:
     # (not a StoreError) in the buffered store, and psycopg fails on them too.
     with pytest.raises(ValidationError):
         thread_token("bad\ud800id")
+
+
+def test_cached_translations_stay_correct_and_bounded() -> None:
+    from buffered_store import keys
+
+    ids = _random_ids(keys._CACHED_THREADS + 500, seed=12)
+    for _ in range(2):  # the second pass partly hits, partly misses the caches
+        for thread_id in ids:
+            subject = wal_subject("THREADLOG", thread_id)
+            assert thread_from_subject("THREADLOG", subject) == thread_id
+            assert thread_from_subject("OTHER", subject) is None
+    assert keys._thread_from_subject.cache_info().currsize <= keys._CACHED_THREADS
+    assert keys._thread_token.cache_info().currsize <= keys._CACHED_THREADS
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", 5, None, ["t"]])
+def test_invalid_thread_ids_are_rejected_on_every_call(bad: object) -> None:
+    for _ in range(2):  # a failed validation is never remembered as a token
+        with pytest.raises(ValidationError):
+            thread_token(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValidationError):
+            flushed_key(bad)  # type: ignore[arg-type]
