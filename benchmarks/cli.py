@@ -58,6 +58,13 @@ def _scenario_command(name: str) -> click.Command:
     @click.option(
         "--rate", type=float, default=None, help="Checkpoints/s per thread (paced scenarios)."
     )
+    @click.option(
+        "--api",
+        type=click.Choice(["checkpoint", "append"]),
+        default=None,
+        help="Store call of each step, on every side: checkpoint (full snapshot) or append "
+        "(the new messages only). Default: the scenario's (checkpoint).",
+    )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
         "--profile",

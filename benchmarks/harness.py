@@ -52,6 +52,8 @@ class Options:
     threads: int | None = None
     rate: float | None = None
     """Checkpoints per second per thread, for the paced scenarios."""
+    api: str | None = None
+    """`checkpoint` or `append`: the store call of each step (None: the scenario's default)."""
     keep: bool = False
     profile: bool = False
     command: str = ""

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from buffered_store.protocol import ThreadRunStore
 from buffered_store.records import Message, RunRecord, RunStatus
@@ -42,6 +42,9 @@ class Workload:
     """Approximate JSON size of one message."""
     stop_when_history_bytes: int | None = None
     """Stop a thread once its history is larger than this (large-thread)."""
+    api: Literal["checkpoint", "append"] = "checkpoint"
+    """Which store call a step makes, on every side alike: `checkpoint` (the full
+    snapshot) or `append` (only the messages not yet acknowledged: O(new))."""
 
     @property
     def target_rate(self) -> float | None:
@@ -89,6 +92,8 @@ class ThreadState:
     run: RunRecord
     step: int = 0
     history_bytes: int = 0
+    acked: int = 0
+    """Messages of `history` the store acknowledged: an append sends the ones after."""
 
     def advance(self, workload: Workload, stamp: float) -> None:
         """Append the messages of the next step and bump the run."""
@@ -132,6 +137,21 @@ async def seed(store: ThreadRunStore, states: list[ThreadState], *, parallel: in
             await store.checkpoint(state.thread_id, state.history, state.run)
 
     await asyncio.gather(*(one(s) for s in states))
+    for state in states:
+        state.acked = len(state.history)
+
+
+async def write_step(store: ThreadRunStore, state: ThreadState, api: str) -> Any:
+    """One step's store call: the full snapshot, or the messages the store has not
+    acknowledged yet (after a failed append they go again with the next step's, as an
+    agent runtime retrying its unsaved messages would; a failure after the write landed,
+    a timeout, would then repeat them: only the pg-outage scenario fails calls)."""
+    if api == "append":
+        receipt = await store.append(state.thread_id, state.history[state.acked :], state.run)
+    else:
+        receipt = await store.checkpoint(state.thread_id, state.history, state.run)
+    state.acked = len(state.history)
+    return receipt
 
 
 @dataclass
@@ -159,7 +179,8 @@ async def drive(
     Latency is measured from the call to its return (service time). A paced thread that
     falls more than one interval behind drops the missed slots (counted in `late_slots`)
     instead of bursting to catch up, so the offered load never exceeds the target.
-    `checkpoint` replaces `store.checkpoint` (the raw loop uses it).
+    Each step calls `store.checkpoint` or `store.append` as `workload.api` says;
+    `checkpoint` replaces both (the raw loop uses it).
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -172,7 +193,7 @@ async def drive(
         writer = store
 
         async def call(s: ThreadState) -> Any:
-            return await writer.checkpoint(s.thread_id, s.history, s.run)
+            return await write_step(writer, s, workload.api)
 
     async def one(state: ThreadState) -> None:
         interval = 1 / workload.rate_per_thread if workload.rate_per_thread else 0.0

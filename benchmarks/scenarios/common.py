@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from ..harness import Bench
 from ..report import fmt
 from ..targets import ratio, target
+
+
+def api(
+    bench: Bench, default: Literal["checkpoint", "append"] = "checkpoint"
+) -> Literal["checkpoint", "append"]:
+    """The store call of each workload step: `--api`, else the scenario's default."""
+    return "append" if (bench.options.api or default) == "append" else "checkpoint"
+
+
+def api_ignored(bench: Bench, why: str) -> None:
+    """Say in the report that `--api` does not apply to this scenario."""
+    if bench.options.api is not None:
+        bench.note(f"--api {bench.options.api} ignored: {why}")
 
 
 def side_get(side: dict[str, Any], *path: str) -> Any:

@@ -16,7 +16,7 @@ from ..report import fmt
 from ..targets import target
 from ..workload import ThreadState, Workload, make_threads, seed
 from . import Outcome
-from .common import side_get
+from .common import api_ignored, side_get
 
 DESCRIPTION = (
     "Threads with a 200-message history (already flushed) get 1, 4 or 16 more checkpoints "
@@ -38,6 +38,7 @@ def sizes(bench: Bench) -> tuple[int, Workload]:
 
 
 async def run(bench: Bench) -> Outcome:
+    api_ignored(bench, "force-flush times force_flush(); its checkpoints only set it up")
     per_level, wl = sizes(bench)
     db = await bench.new_database("buffered")
     config = bench.buffered_config(bench.nats_url, "ff")

@@ -9,6 +9,7 @@ from ..sides import SidePlan, run_side
 from ..workload import Workload
 from . import Outcome
 from .common import (
+    api,
     judge_flush_lag,
     judge_latency,
     judge_pg_tx,
@@ -30,13 +31,17 @@ def workload(bench: Bench) -> Workload:
     o = bench.options
     if o.quick:
         return Workload(
+            api=api(bench),
             threads=o.threads or 8,
             rate_per_thread=o.rate or 20.0,
             duration_s=o.duration_s or 3.0,
             seed_messages=20,
         )
     return Workload(
-        threads=o.threads or 64, rate_per_thread=o.rate or 20.0, duration_s=o.duration_s or 60.0
+        api=api(bench),
+        threads=o.threads or 64,
+        rate_per_thread=o.rate or 20.0,
+        duration_s=o.duration_s or 60.0,
     )
 
 

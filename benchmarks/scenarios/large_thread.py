@@ -20,7 +20,7 @@ from ..sides import OpenSide, SidePlan, run_side
 from ..targets import ratio, target
 from ..workload import ThreadState, Workload
 from . import Outcome
-from .common import side_get
+from .common import api, side_get
 
 DESCRIPTION = (
     "4 threads each start from a 256 KiB history (256 messages of 1 KiB) and checkpoint 20 "
@@ -41,6 +41,7 @@ def workload(bench: Bench) -> Workload:
     o = bench.options
     if o.quick:
         return Workload(
+            api=api(bench),
             threads=1,
             rate_per_thread=None,
             duration_s=o.duration_s or 20.0,
@@ -49,6 +50,7 @@ def workload(bench: Bench) -> Workload:
             stop_when_history_bytes=int(1.1 * MIB),
         )
     return Workload(
+        api=api(bench),
         threads=o.threads or 4,
         rate_per_thread=20.0,
         duration_s=o.duration_s or 90.0,

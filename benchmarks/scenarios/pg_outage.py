@@ -13,7 +13,7 @@ from ..sides import SidePlan, TimedEvent, run_side
 from ..targets import target
 from ..workload import Workload
 from . import Outcome
-from .common import side_get
+from .common import api, side_get
 
 DESCRIPTION = (
     "The hot-threads workload (64 threads x 20 checkpoints/s) for 40 s; 15 s in, Postgres "
@@ -30,6 +30,7 @@ def workload(bench: Bench) -> tuple[Workload, float, float]:
     o = bench.options
     if o.quick:
         wl = Workload(
+            api=api(bench),
             threads=o.threads or 8,
             rate_per_thread=o.rate or 20.0,
             duration_s=o.duration_s or 6.0,
@@ -37,7 +38,10 @@ def workload(bench: Bench) -> tuple[Workload, float, float]:
         )
         return wl, 2.0, 2.0
     wl = Workload(
-        threads=o.threads or 64, rate_per_thread=o.rate or 20.0, duration_s=o.duration_s or 40.0
+        api=api(bench),
+        threads=o.threads or 64,
+        rate_per_thread=o.rate or 20.0,
+        duration_s=o.duration_s or 40.0,
     )
     return wl, 15.0, 10.0
 

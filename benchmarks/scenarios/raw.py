@@ -22,7 +22,7 @@ from ..sides import SidePlan, run_side, sample_loop
 from ..targets import ratio, target
 from ..workload import ThreadState, Workload, drive, make_threads
 from . import Outcome
-from .common import side_get
+from .common import api, side_get
 
 DESCRIPTION = (
     "64 threads, closed loop, 2 cores. The raw loop does per checkpoint what the design's "
@@ -40,12 +40,18 @@ def workload(bench: Bench) -> Workload:
     o = bench.options
     if o.quick:
         return Workload(
+            api=api(bench),
             threads=o.threads or 8,
             rate_per_thread=None,
             duration_s=o.duration_s or 2.0,
             seed_messages=20,
         )
-    return Workload(threads=o.threads or 64, rate_per_thread=None, duration_s=o.duration_s or 20.0)
+    return Workload(
+        api=api(bench),
+        threads=o.threads or 64,
+        rate_per_thread=None,
+        duration_s=o.duration_s or 20.0,
+    )
 
 
 async def run_raw(bench: Bench, wl: Workload) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from ..report import fmt
 from ..sides import SidePlan, run_side
 from ..workload import Workload
 from . import Outcome
-from .common import judge_latency, judge_round_trips
+from .common import api, judge_latency, judge_round_trips
 
 DESCRIPTION = (
     "The hot-threads workload (64 threads x 20 checkpoints/s, 200-message history growing "
@@ -33,13 +33,17 @@ def workload(bench: Bench) -> Workload:
     o = bench.options
     if o.quick:
         return Workload(
+            api=api(bench),
             threads=o.threads or 8,
             rate_per_thread=o.rate or 20.0,
             duration_s=o.duration_s or 3.0,
             seed_messages=20,
         )
     return Workload(
-        threads=o.threads or 64, rate_per_thread=o.rate or 20.0, duration_s=o.duration_s or 45.0
+        api=api(bench),
+        threads=o.threads or 64,
+        rate_per_thread=o.rate or 20.0,
+        duration_s=o.duration_s or 45.0,
     )
 
 

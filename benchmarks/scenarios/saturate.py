@@ -9,7 +9,7 @@ from ..sides import SidePlan, run_side
 from ..targets import ratio
 from ..workload import Workload
 from . import Outcome
-from .common import judge_flush_lag, judge_round_trips, side_get
+from .common import api, judge_flush_lag, judge_round_trips, side_get
 
 DESCRIPTION = (
     "N threads (default 64) each checkpoint as fast as they can (closed loop: the next "
@@ -24,12 +24,18 @@ def workload(bench: Bench) -> Workload:
     o = bench.options
     if o.quick:
         return Workload(
+            api=api(bench),
             threads=o.threads or 8,
             rate_per_thread=None,
             duration_s=o.duration_s or 2.0,
             seed_messages=20,
         )
-    return Workload(threads=o.threads or 64, rate_per_thread=None, duration_s=o.duration_s or 30.0)
+    return Workload(
+        api=api(bench),
+        threads=o.threads or 64,
+        rate_per_thread=None,
+        duration_s=o.duration_s or 30.0,
+    )
 
 
 async def run(bench: Bench) -> Outcome:
