@@ -65,19 +65,28 @@ def _slope(points: Sequence[tuple[float, float]]) -> float | None:
 
 
 async def flush_lag(
-    db: SideDb, since_wall: float, acks: dict[tuple[str, int], float]
+    db: SideDb,
+    since_wall: float,
+    acks: dict[tuple[str, int], float],
+    *,
+    until_wall: float | None = None,
 ) -> dict[str, Any] | None:
     """Per-checkpoint lag to the Postgres commit, from the call's start and from its
-    acknowledgement (None when commit timestamps cannot be read)."""
+    acknowledgement, of the checkpoints started from `since_wall` (to `until_wall`) (None
+    when commit timestamps cannot be read)."""
     query = (
         "SELECT thread_id, (message->'meta'->>'step')::int, (message->>'t')::float8, "
         "extract(epoch from pg_xact_commit_timestamp(xmin))::float8 "
         f"FROM \"{db.schema}\".messages WHERE message ? 't' "
         "AND (message->>'t')::float8 >= %s"
     )
+    params = [since_wall]
+    if until_wall is not None:
+        query += " AND (message->>'t')::float8 <= %s"
+        params.append(until_wall)
     try:
         async with await psycopg.AsyncConnection.connect(db.libpq_url) as conn:
-            cur = await conn.execute(query, (since_wall,))
+            cur = await conn.execute(query, params)
             rows = await cur.fetchall()
     except psycopg.Error:
         return None

@@ -35,6 +35,7 @@ from .harness import Bench, SideDb
 from .measure import (
     CpuMeter,
     LatencyLog,
+    PgSnapshot,
     PgStats,
     Timeline,
     cdf_points,
@@ -107,8 +108,15 @@ async def open_side(
     config: BufferedStoreConfig | None,
     *,
     phase: str,
+    keep_wal: bool = False,
 ) -> AsyncIterator[OpenSide]:
-    """Open the side's stores (and its flusher process); close them all on exit."""
+    """Open the side's stores (and its flusher process); close them all on exit.
+
+    `phase` is "seed" or names a measured phase ("measured", or the scenario's name for
+    one of several); the WAL stream and buckets are deleted after a measured phase unless
+    `keep_wal` (another phase follows on the same WAL) or `--keep`.
+    """
+    measured = phase != "seed"
     url = db.via(*plan.route) if plan.route else db.url
     inner = await PostgresThreadRunStore.connect(url, schema=db.schema)
     side = OpenSide(store=inner, inner=inner, url=url, schema=db.schema)
@@ -119,8 +127,8 @@ async def open_side(
             side.monitor = await WalMonitor.connect(config)
             if plan.flusher:
                 profile = None
-                if bench.options.profile and phase == "measured":
-                    profile = bench.output / f"profile-flusher-{plan.key}.pstats"
+                if bench.options.profile and measured:
+                    profile = bench.output / f"profile-flusher-{_name(plan, phase)}.pstats"
                 side.flusher = await FlusherProcess.start(
                     database_url=url,
                     schema=db.schema,
@@ -141,7 +149,7 @@ async def open_side(
                 bench.note(f"the flusher logged errors: see {side.flusher.log_path}")
         await inner.close()
         if side.monitor is not None:
-            if phase == "measured" and not bench.options.keep:
+            if measured and not keep_wal and not bench.options.keep:
                 await side.monitor.delete_objects()
             await side.monitor.close()
 
@@ -194,6 +202,55 @@ async def sample_loop(
         await asyncio.sleep(interval_s)
 
 
+def _name(plan: SidePlan, phase: str) -> str:
+    """File-name stem of a side's phase: its key, plus the phase unless "measured"."""
+    return plan.key if phase == "measured" else f"{plan.key}-{phase}"
+
+
+@dataclass
+class SeededSide:
+    """A side's database and WAL names, its threads seeded: ready for measured phases."""
+
+    plan: SidePlan
+    db: SideDb
+    config: BufferedStoreConfig | None
+    counters: PgStats
+    snapshot: tuple[PgSnapshot, bool] | None = None
+    """Counters settled at the end of the last phase: where the next phase starts from."""
+
+
+@dataclass
+class Phase:
+    """One measured phase: its figures, and what reading its flush lags needs."""
+
+    figures: dict[str, Any]
+    wall_zero: float
+    wall_end: float
+    acks: dict[tuple[str, int], float]
+
+
+async def seed_side(
+    bench: Bench, plan: SidePlan, thread_sets: Sequence[Sequence[ThreadState]]
+) -> SeededSide:
+    """A fresh database (and WAL names) for the side, every thread's starting history
+    written (and flushed) in one unmeasured phase, then every pool closed."""
+    db = await bench.new_database(plan.key)
+    config = (
+        bench.buffered_config(plan.nats_url or bench.nats_url, plan.key, **plan.config)
+        if plan.kind == "buffered"
+        else None
+    )
+    states = [state for states in thread_sets for state in states]
+    seeding = bench.task(f"{plan.label}: seed", total=1)
+    async with open_side(bench, plan, db, config, phase="seed") as side:
+        await seed(side.store, states)
+        if side.monitor is not None and side.flusher is not None:
+            await side.monitor.wait_drained(plan.drain_timeout_s)
+    bench.progress.update(seeding, completed=1, info=f"{len(states)} threads")
+    counters = PgStats(bench.admin_libpq_url, db.libpq_url, db.name, db.schema)
+    return SeededSide(plan, db, config, counters)
+
+
 async def run_side(
     bench: Bench,
     plan: SidePlan,
@@ -209,23 +266,46 @@ async def run_side(
     scenario figures (under "analysis"); `after(side, states, config)` runs once the
     writes are drained, before the stores close (under "after").
     """
-    db = await bench.new_database(plan.key)
-    config = (
-        bench.buffered_config(plan.nats_url or bench.nats_url, plan.key, **plan.config)
-        if plan.kind == "buffered"
-        else None
-    )
     states = make_threads(plan.key, workload)
-    counters = PgStats(bench.admin_libpq_url, db.libpq_url, db.name, db.schema)
+    seeded = await seed_side(bench, plan, [states])
+    phase = await measure_phase(
+        bench,
+        seeded,
+        states,
+        workload,
+        probe_extra=probe_extra,
+        analyse=analyse,
+        after=after,
+    )
+    await read_flush_lag(seeded, phase)
+    return phase.figures
 
-    seeding = bench.task(f"{plan.label}: seed", total=1)
-    async with open_side(bench, plan, db, config, phase="seed") as side:
-        await seed(side.store, states)
-        if side.monitor is not None and side.flusher is not None:
-            await side.monitor.wait_drained(plan.drain_timeout_s)
-    bench.progress.update(seeding, completed=1, info=f"{len(states)} threads")
 
-    pg_before, settled_before = await counters.settled()
+async def measure_phase(
+    bench: Bench,
+    seeded: SeededSide,
+    states: list[ThreadState],
+    workload: Workload,
+    *,
+    plan: SidePlan | None = None,
+    phase: str = "measured",
+    keep_wal: bool = False,
+    probe_extra: Callable[[list[ThreadState]], dict[str, float | None]] | None = None,
+    analyse: Callable[[LatencyLog, Timeline, list[dict[str, Any]]], dict[str, Any]] | None = None,
+    after: AfterHook | None = None,
+) -> Phase:
+    """One measured phase of a seeded side on `states` (seeded, not yet written since).
+
+    Counters are read with no backend connected (the previous phase's closing read, when
+    there was one); the stores are opened afresh (as a new process would), the workload
+    runs, the buffered side waits until the flusher drained the WAL, the stores close and
+    the counters are read again. `plan` overrides the seeded side's (the same database
+    and WAL with another label, or without its flusher). The flush lags need a query in
+    the side's database, so they are read apart (`read_flush_lag`), after the last phase.
+    """
+    plan = plan or seeded.plan
+    db, config, counters = seeded.db, seeded.config, seeded.counters
+    pg_before, settled_before = seeded.snapshot or await counters.settled()
     meter = CpuMeter(process_cpu_sources(bench, plan))
     cpu_before = meter.sample()
     log = LatencyLog()
@@ -234,7 +314,7 @@ async def run_side(
     task = bench.task(f"{plan.label}: run", total=workload.duration_s)
     profiler = cProfile.Profile() if bench.options.profile else None
 
-    async with open_side(bench, plan, db, config, phase="measured") as side:
+    async with open_side(bench, plan, db, config, phase=phase, keep_wal=keep_wal) as side:
         clock_zero = time.perf_counter()
         wall_zero = time.time()
 
@@ -276,6 +356,7 @@ async def run_side(
             if profiler is not None:
                 profiler.disable()
         writes_end_s = time.perf_counter() - clock_zero
+        wall_end = time.time()
         store_stats = side.store_stats()
         await asyncio.gather(*happenings)
         drain_s = None
@@ -309,10 +390,9 @@ async def run_side(
         "machine's busy CPU time (psutil.cpu_times) minus all of these: load from outside "
         "the benchmark, which disturbs its figures"
     )
-    pg_after, settled_after = await counters.settled()
-    lag = await flush_lag(db, wall_zero, log.acks)
+    pg_after, settled_after = seeded.snapshot = await counters.settled()
     if profiler is not None:
-        write_profile(bench, profiler, f"profile-writers-{plan.key}")
+        write_profile(bench, profiler, f"profile-writers-{_name(plan, phase)}")
 
     ok = log.count
     warm_s = min(2.0, workload.duration_s / 5)
@@ -377,10 +457,6 @@ async def run_side(
         }
         figures["flush"] = {
             "drain_s": drain_s,
-            "lag_ms": lag["lag_ms"] if lag else None,
-            "lag_from_ack_ms": lag["lag_from_ack_ms"] if lag else None,
-            "lag_timeline": lag["timeline"] if lag else None,
-            "lag_method": LAG_METHOD if lag else None,
             "backlog": backlog_figures(t, series.get("backlog", []), writes_end_s, warm_s),
             "flusher_stats": side.flusher_final,
             **flusher_figures(side.flusher_final),
@@ -394,8 +470,27 @@ async def run_side(
                 "backlog": "no backlog: direct writes are synchronous",
             }
         )
+    return Phase(figures, wall_zero, wall_end, log.acks)
+
+
+async def read_flush_lag(seeded: SeededSide, phase: Phase) -> None:
+    """Add the phase's flush lags (buffered) or commit lags (direct) to its figures.
+
+    One read-only transaction in the side's database: run it after the side's last
+    phase, or the next phase's Postgres figures would count it.
+    """
+    lag = await flush_lag(seeded.db, phase.wall_zero, phase.acks, until_wall=phase.wall_end)
+    figures = phase.figures
+    if figures["kind"] == "buffered":
+        figures["flush"] = {
+            "lag_ms": lag["lag_ms"] if lag else None,
+            "lag_from_ack_ms": lag["lag_from_ack_ms"] if lag else None,
+            "lag_timeline": lag["timeline"] if lag else None,
+            "lag_method": LAG_METHOD if lag else None,
+            **figures["flush"],
+        }
+    else:
         figures["commit_lag_ms"] = lag["lag_ms"] if lag else None
-    return figures
 
 
 async def _happen(event: TimedEvent, clock_zero: float, out: list[dict[str, Any]]) -> None:
