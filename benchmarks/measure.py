@@ -75,11 +75,20 @@ class LatencyLog:
     failures: list[tuple[float, str]] = field(default_factory=list)
     acks: dict[tuple[str, int], float] = field(default_factory=dict)
     """(thread id, step) -> wall-clock time the checkpoint call returned."""
+    cold: set[int] = field(default_factory=set)
+    """Indices (in `durations_ms`) of each thread's first call of the phase: the store was
+    just opened, so it knew nothing of the thread yet."""
 
-    def ok(self, start_s: float, duration_ms: float) -> None:
+    def ok(self, start_s: float, duration_ms: float, *, cold: bool = False) -> None:
         """Record a successful call started at `start_s` (phase clock) taking `duration_ms`."""
+        if cold:
+            self.cold.add(len(self.durations_ms))
         self.starts_s.append(start_s)
         self.durations_ms.append(duration_ms)
+
+    def warm_ms(self) -> list[float]:
+        """Durations of the successful calls that were not a thread's first of the phase."""
+        return [d for i, d in enumerate(self.durations_ms) if i not in self.cold]
 
     def fail(self, start_s: float, error: BaseException) -> None:
         """Record a failed call."""

@@ -198,6 +198,7 @@ async def drive(
     async def one(state: ThreadState) -> None:
         interval = 1 / workload.rate_per_thread if workload.rate_per_thread else 0.0
         due = start + random.random() * interval
+        cold = True
         while True:
             now = loop.time()
             if now >= end:
@@ -216,8 +217,10 @@ async def drive(
                 if not interval:
                     await asyncio.sleep(0.01)
             else:
-                log.ok(began - clock_zero, (time.perf_counter() - began) * 1000)
+                took_ms = (time.perf_counter() - began) * 1000
+                log.ok(began - clock_zero, took_ms, cold=cold)
                 log.acks[(state.thread_id, state.step)] = time.time()
+            cold = False
             if on_step is not None:
                 on_step()
             if interval:

@@ -1,4 +1,4 @@
-"""Pure parts of the benchmark harness: the workload's store call."""
+"""Pure parts of the benchmark harness: the workload's store call, warm-call latencies."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from buffered_store.protocol import ThreadRunStore
 # The harness is installed as `buffered_store.benchmarks`; mypy checks the repository's
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
+    from benchmarks.measure import LatencyLog
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
+    from buffered_store.benchmarks.measure import LatencyLog
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
 
@@ -69,3 +71,13 @@ async def test_an_append_after_a_failed_one_resends_what_was_not_acknowledged() 
 
     assert store.sent[-1] == ("append", 4)
     assert await store.load_messages(state.thread_id) == state.history
+
+
+def test_warm_latencies_leave_out_each_threads_first_call() -> None:
+    log = LatencyLog()
+    log.ok(0.0, 50.0, cold=True)
+    log.ok(0.1, 1.0)
+    log.ok(0.1, 40.0, cold=True)
+    log.ok(0.2, 2.0)
+    assert log.warm_ms() == [1.0, 2.0]
+    assert list(log.durations_ms) == [50.0, 1.0, 40.0, 2.0]
