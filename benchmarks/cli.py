@@ -63,7 +63,7 @@ def _scenario_command(name: str) -> click.Command:
         type=click.Choice(["checkpoint", "append"]),
         default=None,
         help="Store call of each step, on every side: checkpoint (full snapshot) or append "
-        "(the new messages only). Default: the scenario's (checkpoint).",
+        "(the new messages only). Default: append for curve, checkpoint elsewhere.",
     )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
@@ -152,6 +152,7 @@ async def execute(name: str, options: Options) -> Path:
         "targets": outcome.targets,
         "sides": outcome.sides,
         "sections": outcome.sections,
+        **({"figures": outcome.figures} if outcome.figures else {}),
         "methods": outcome.methods,
         "notes": bench_.notes
         + (

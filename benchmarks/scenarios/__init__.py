@@ -22,6 +22,7 @@ MODULES = {
     "force-flush": "force_flush",
     "raw": "raw",
     "spark-overlay": "spark_overlay",
+    "curve": "curve",
 }
 
 
@@ -35,6 +36,8 @@ class Outcome:
     sections: dict[str, str] = field(default_factory=dict)
     methods: dict[str, str] = field(default_factory=dict)
     extra_plots: list[Callable[[Path], str | None]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    """Scenario figures beyond the sides' (results.json `figures`)."""
 
 
 Runner = Callable[[Bench], Awaitable[Outcome]]

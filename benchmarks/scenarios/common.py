@@ -76,6 +76,12 @@ def judge_round_trips(buffered: dict[str, Any], suffix: str = "") -> dict[str, A
     )
 
 
+def backlog_growing(slope_per_s: float | None, rate_per_s: float) -> bool:
+    """A backlog grows when its trend exceeds 1% of the checkpoint rate (the rest is noise
+    of the sampling against the flush cycles)."""
+    return slope_per_s is not None and slope_per_s > 0.01 * rate_per_s
+
+
 def judge_flush_lag(
     buffered: dict[str, Any], flush_interval_s: float, suffix: str = ""
 ) -> dict[str, Any]:
@@ -85,7 +91,7 @@ def judge_flush_lag(
     slope = side_get(buffered, "flush", "backlog", "slope_per_s_second_half")
     rate = side_get(buffered, "throughput_per_s") or 0.0
     limit = flush_interval_s * 1000 + 250
-    growing = slope is not None and slope > 0.01 * rate
+    growing = backlog_growing(slope, rate)
     met = None if p99 is None else (p99 <= limit and not growing)
     return target(
         "flush_lag",

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = "buffered_store.benchmarks"
 """The harness's import name: the repository's `benchmarks/` folder, installed under ours."""
 
+CURVE_POINTS = ("max", "25", "50", "90")
+"""The curve scenario's points run on both sides: the maximum, then % of direct's."""
+
 # scenario -> (side keys, extra plots)
 SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
     "hot-threads": ({"direct", "buffered", "buffered_durable"}, {"timeline.png"}),
@@ -34,6 +38,14 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
     "force-flush": ({"writer", "other"}, set()),
     "raw": ({"raw", "buffered_writer_only", "buffered", "direct"}, {"timeline.png"}),
     "spark-overlay": ({"plain", "overlay"}, {"spark_reads.png"}),
+    "curve": (
+        {
+            *(f"{side}_{point}" for side in ("direct", "buffered") for point in CURVE_POINTS),
+            "buffered_50_own",
+            "buffered_writer_only",
+        },
+        {"timeline.png", "latency_vs_load.png"},
+    ),
 }
 TOP_KEYS = {
     "scenario",
@@ -95,6 +107,35 @@ def test_quick_mode_writes_every_output(scenario: str, tmp_path: Path) -> None:
     report = (tmp_path / scenario / "report.md").read_text()
     assert "DESIGN section 6 targets" in report
     assert "latency_cdf.png" in report
+    if scenario in SCENARIO_CHECKS:
+        SCENARIO_CHECKS[scenario](data, report)
+
+
+def check_curve(data: dict[str, Any], report: str) -> None:
+    """Maxima, one row per point with its rates and latencies, the four judged targets."""
+    maxima = data["figures"]["maxima"]
+    assert set(maxima) == {"direct", "buffered", "buffered_writer_only"}
+    for m in maxima.values():
+        assert {"achieved_per_s", "sustainable_per_s", "how"} <= set(m)
+    rows = {row["key"]: row for row in data["figures"]["points"]}
+    assert set(rows) == set(data["sides"])
+    for key, row in rows.items():
+        assert {"offered_per_s", "achieved_per_s", "late_slots"} <= set(row), key
+        assert {"p50", "p95", "p99"} <= set(row["latency_ms"]), key
+        assert {"p50", "p95", "p99"} <= set(row["latency_warm_ms"]), key
+        assert {"flush_lag_from_ack_p99_ms", "backlog_slope_per_s"} <= set(row), key
+        assert row["closed_loop"] == key.endswith(("_max", "_writer_only")), key
+    for key in ("buffered_25", "buffered_50", "buffered_90", "buffered_50_own"):
+        assert data["sides"][key]["flush"]["lag_from_ack_ms"]["count"] > 0, key
+    assert [t["id"] for t in data["targets"]] == ["load_p99", "load_p99", "max_rate", "flush_lag"]
+    assert data["parameters"]["api"] == "append"
+    assert "## Latency against offered load" in report
+    assert "latency_vs_load.png" in report
+
+
+SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "curve": check_curve,
+}
 
 
 def test_summary_collects_the_targets_of_several_runs(tmp_path: Path) -> None:

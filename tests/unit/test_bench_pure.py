@@ -1,4 +1,5 @@
-"""Pure parts of the benchmark harness: the workload's store call, warm-call latencies."""
+"""Pure parts of the benchmark harness: the workload's store call, warm-call latencies,
+the curve scenario's maximum rates."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from buffered_store.protocol import ThreadRunStore
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
     from benchmarks.measure import LatencyLog
+    from benchmarks.scenarios.common import backlog_growing
+    from benchmarks.scenarios.curve import maximum
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
     from buffered_store.benchmarks.measure import LatencyLog
+    from buffered_store.benchmarks.scenarios.common import backlog_growing
+    from buffered_store.benchmarks.scenarios.curve import maximum
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
 
@@ -81,3 +86,32 @@ def test_warm_latencies_leave_out_each_threads_first_call() -> None:
     log.ok(0.2, 2.0)
     assert log.warm_ms() == [1.0, 2.0]
     assert list(log.durations_ms) == [50.0, 1.0, 40.0, 2.0]
+
+
+def closed_loop(kind: str, achieved: float, slope: float | None) -> dict[str, Any]:
+    backlog = {"slope_per_s_second_half": slope, "at_end_of_writes": 10}
+    return {"kind": kind, "throughput_per_s": achieved, "flush": {"backlog": backlog}}
+
+
+def test_the_maximum_of_a_direct_side_is_its_achieved_rate() -> None:
+    assert maximum(closed_loop("direct", 500.0, None))["sustainable_per_s"] == 500.0
+
+
+def test_a_buffered_maximum_counts_only_while_the_backlog_stays_flat() -> None:
+    flat = maximum(closed_loop("buffered", 1000.0, 5.0))
+    assert flat["sustainable_per_s"] == 1000.0
+    assert "flat" in flat["how"]
+    growing = maximum(closed_loop("buffered", 1000.0, 300.0))
+    assert growing["sustainable_per_s"] == 700.0  # the flusher's rate
+    assert "flusher" in growing["how"]
+
+
+def test_the_write_path_alone_has_no_flusher_to_keep_up() -> None:
+    alone = maximum(closed_loop("buffered", 2000.0, 2000.0), flusher=False)
+    assert alone["sustainable_per_s"] == 2000.0
+
+
+def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
+    assert not backlog_growing(None, 100.0)
+    assert not backlog_growing(1.0, 100.0)
+    assert backlog_growing(1.5, 100.0)
