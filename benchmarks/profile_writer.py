@@ -12,6 +12,11 @@ update with the revision cached from the previous one.
     NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m buffered_store.benchmarks.profile_writer
     .venv/bin/python -m buffered_store.benchmarks.profile_writer --api append  # append()
     .venv/bin/python -m buffered_store.benchmarks.profile_writer --profile out.pstats --history 2000
+    .venv/bin/python -m buffered_store.benchmarks.profile_writer --api append checkpoint \
+        --warmup --rounds 7 --json cases.json             # what `bufstore bench writer-cpu` runs
+
+Each round measures every history length once (in an order rotated from round to round),
+each case on fresh threads and a fresh WAL; with several rounds the median is the figure.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -69,6 +77,29 @@ def probes(prefix: str, threads: int, history: int, size: int) -> list[Probe]:
     return out
 
 
+@dataclass
+class Case:
+    """One measured case: a side (and API) on some threads at some history length."""
+
+    side: str
+    """The buffered store or the raw loop: "buffered" or "raw"."""
+    api: str
+    """The buffered store's call ("append" or "checkpoint"); "raw" for the raw loop."""
+    threads: int
+    history: int
+    """Messages of each thread's history when the measured checkpoints start."""
+    round: int
+    checkpoints: int
+    cpu_us: float
+    """Client CPU (`time.process_time`) per checkpoint, µs."""
+    wall_us: float
+    history_end: int
+    nats_requests: float | None = None
+    """NATS requests per checkpoint (buffered; the raw loop makes 2 by construction)."""
+    durations_ms: list[float] = field(default_factory=list)
+    """Every measured call, from call to return."""
+
+
 async def measure(
     states: list[Probe],
     steps: int,
@@ -77,13 +108,20 @@ async def measure(
     per_step: int,
     size: int,
     profiler: cProfile.Profile | None = None,
+    durations_ms: list[float] | None = None,
 ) -> tuple[float, float]:
-    """Run `steps` checkpoints per thread; (CPU µs, wall µs) per checkpoint."""
+    """Run `steps` checkpoints per thread; (CPU µs, wall µs) per checkpoint. Each call's
+    duration goes to `durations_ms` when given (two clock reads a call: well under 1 µs)."""
 
     async def one(state: Probe) -> None:
         for _ in range(steps):
             state.advance(per_step, size)
+            if durations_ms is None:
+                await checkpoint(state)
+                continue
+            began = time.perf_counter()
             await checkpoint(state)
+            durations_ms.append((time.perf_counter() - began) * 1000)
 
     with _profiling(profiler):
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -112,6 +150,9 @@ async def buffered_case(
     steps: int,
     args: argparse.Namespace,
     profiler: cProfile.Profile | None,
+    *,
+    api: str,
+    durations_ms: list[float] | None = None,
 ) -> tuple[float, float, float]:
     """(CPU µs, wall µs, NATS requests) per checkpoint of the buffered store."""
     tag = uuid.uuid4().hex[:8]
@@ -128,7 +169,7 @@ async def buffered_case(
         states = probes(f"b{tag}", threads, history, args.size)
 
         async def checkpoint(state: Probe) -> None:
-            if args.api == "append" and state.step > 1:
+            if api == "append" and state.step > 1:
                 new = state.history[-args.per_step :]
                 await store.append(state.thread_id, new, state.run)
             else:
@@ -138,7 +179,13 @@ async def buffered_case(
         await measure(states, 2, checkpoint, per_step=args.per_step, size=args.size)
         before = store.stats()["nats_requests"]
         cpu, wall = await measure(
-            states, steps, checkpoint, per_step=args.per_step, size=args.size, profiler=profiler
+            states,
+            steps,
+            checkpoint,
+            per_step=args.per_step,
+            size=args.size,
+            profiler=profiler,
+            durations_ms=durations_ms,
         )
         requests = (store.stats()["nats_requests"] - before) / (steps * threads)
     finally:
@@ -148,7 +195,13 @@ async def buffered_case(
 
 
 async def raw_case(
-    url: str, threads: int, history: int, steps: int, args: argparse.Namespace
+    url: str,
+    threads: int,
+    history: int,
+    steps: int,
+    args: argparse.Namespace,
+    *,
+    durations_ms: list[float] | None = None,
 ) -> tuple[float, float]:
     """(CPU µs, wall µs) per iteration of the raw publish + KV CAS loop."""
     tag = uuid.uuid4().hex[:8]
@@ -193,15 +246,22 @@ async def raw_case(
     try:
         states = probes(f"r{tag}", threads, history, args.size)
         await measure(states, 2, checkpoint, per_step=args.per_step, size=args.size)
-        return await measure(states, steps, checkpoint, per_step=args.per_step, size=args.size)
+        return await measure(
+            states,
+            steps,
+            checkpoint,
+            per_step=args.per_step,
+            size=args.size,
+            durations_ms=durations_ms,
+        )
     finally:
         await js.delete_stream(stream)
         await js.delete_key_value(bucket)
         await nc.close()
 
 
-async def main(args: argparse.Namespace) -> None:
-    """Every case, one table row each."""
+async def main(args: argparse.Namespace) -> list[Case]:
+    """Every case, one table row each; the cases."""
     url = args.nats_url or os.environ.get("NATS_URL")
     server = None
     if url is None:
@@ -209,32 +269,95 @@ async def main(args: argparse.Namespace) -> None:
         server.start()
         url = server.url
     profiler = cProfile.Profile() if args.profile else None
+    cases: list[Case] = []
     try:
         print(
             f"nats {url}; {args.per_step} message(s) of ~{args.size} B appended per step; "
-            f"buffered side calls {args.api}()"
+            f"buffered side calls {' and '.join(f'{a}()' for a in args.api)}"
         )
-        print(f"{'side':<9}{'threads':>8}{'history':>9}{'ckpts':>7}{'cpu µs':>9}{'wall µs':>9}")
+        print(
+            f"{'side':<22}{'threads':>8}{'history':>9}{'round':>6}{'ckpts':>7}"
+            f"{'cpu µs':>9}{'wall µs':>9}"
+        )
         for threads in args.threads:
             # Capped so the history grows little while it is measured.
             steps = max(1, min(args.max_steps, args.checkpoints // threads))
-            for history in args.history:
-                if not args.no_raw:
-                    cpu, wall = await raw_case(url, threads, history, steps, args)
-                    n = steps * threads
-                    print(f"{'raw':<9}{threads:>8}{history:>9}{n:>7}{cpu:>9.0f}{wall:>9.0f}")
-                cpu, wall, req = await buffered_case(url, threads, history, steps, args, profiler)
-                n = steps * threads
-                print(
-                    f"{'buffered':<9}{threads:>8}{history:>9}{n:>7}{cpu:>9.0f}{wall:>9.0f}"
-                    f"   ({req:.2f} NATS requests/ckpt)"
-                )
+            # Round -1 (--warmup) is not kept: the first cases a process runs cost more.
+            for round_ in range(-1 if args.warmup else 0, args.rounds):
+                # Rotated so no history length is always measured first (or last).
+                shift = round_ % len(args.history)
+                for history in args.history[shift:] + args.history[:shift]:
+                    measured = await _cases(url, threads, history, steps, round_, args, profiler)
+                    for case in measured:
+                        _print(case)
+                    if round_ >= 0:
+                        cases += measured
     finally:
         if server is not None:
             server.close()
+    if args.rounds > 1:
+        _print_medians(cases)
     if profiler is not None:
         profiler.dump_stats(args.profile)
         print(f"profile of the buffered cases written to {args.profile}")
+    return cases
+
+
+def write_json(path: str, args: argparse.Namespace, cases: list[Case]) -> None:
+    """The options and every case (with its call durations) as one JSON document."""
+    parameters = {k: v for k, v in vars(args).items() if k not in ("json", "profile")}
+    document = {"parameters": parameters, "cases": [asdict(c) for c in cases]}
+    Path(path).write_text(json.dumps(document))
+
+
+async def _cases(
+    url: str,
+    threads: int,
+    history: int,
+    steps: int,
+    round_: int,
+    args: argparse.Namespace,
+    profiler: cProfile.Profile | None,
+) -> list[Case]:
+    """The raw loop's case (unless --no-raw) and one buffered case per API."""
+    n = steps * threads
+    end = history + steps * args.per_step
+    out = []
+    if not args.no_raw:
+        durations: list[float] = []
+        cpu, wall = await raw_case(url, threads, history, steps, args, durations_ms=durations)
+        out.append(Case("raw", "raw", threads, history, round_, n, cpu, wall, end, 2.0, durations))
+    for api in args.api:
+        durations = []
+        cpu, wall, req = await buffered_case(
+            url, threads, history, steps, args, profiler, api=api, durations_ms=durations
+        )
+        out.append(
+            Case("buffered", api, threads, history, round_, n, cpu, wall, end, req, durations)
+        )
+    return out
+
+
+def _print(case: Case) -> None:
+    name = case.side if case.side == "raw" else f"{case.side} {case.api}()"
+    line = (
+        f"{name:<22}{case.threads:>8}{case.history:>9}{case.round:>6}{case.checkpoints:>7}"
+        f"{case.cpu_us:>9.0f}{case.wall_us:>9.0f}"
+    )
+    if case.side == "buffered":
+        line += f"   ({case.nats_requests:.2f} NATS requests/ckpt)"
+    print(line)
+
+
+def _print_medians(cases: list[Case]) -> None:
+    groups: dict[tuple[str, str, int, int], list[float]] = {}
+    for c in cases:
+        groups.setdefault((c.side, c.api, c.threads, c.history), []).append(c.cpu_us)
+    print("median client CPU µs per checkpoint over the rounds:")
+    for (side, api, threads, history), values in groups.items():
+        name = side if side == "raw" else f"{side} {api}()"
+        median = statistics.median(values)
+        print(f"{name:<22}{threads:>8}{history:>9}{median:>22.0f}")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -252,13 +375,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--api",
         choices=["checkpoint", "append"],
-        default="checkpoint",
-        help="buffered side: full snapshots (checkpoint) or the new messages only (append)",
+        nargs="+",
+        default=["checkpoint"],
+        help="buffered side: full snapshots (checkpoint) or the new messages only (append); "
+        "both: a buffered case of each",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="measure every case this many times")
+    p.add_argument(
+        "--warmup", action="store_true", help="run one round first and leave it out (round -1)"
     )
     p.add_argument("--no-raw", action="store_true", help="skip the raw loop")
     p.add_argument("--profile", help="write a cProfile of the buffered cases to this file")
+    p.add_argument("--json", help="write every case (with its call durations) to this file")
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse()))
+    options = parse()
+    measured = asyncio.run(main(options))
+    if options.json:
+        write_json(options.json, options, measured)

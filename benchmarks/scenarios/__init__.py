@@ -23,6 +23,7 @@ MODULES = {
     "raw": "raw",
     "spark-overlay": "spark_overlay",
     "curve": "curve",
+    "writer-cpu": "writer_cpu",
 }
 
 

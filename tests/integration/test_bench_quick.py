@@ -46,6 +46,7 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
         },
         {"timeline.png", "latency_vs_load.png"},
     ),
+    "writer-cpu": ({"append", "checkpoint", "raw"}, {"writer_cpu.png"}),
 }
 TOP_KEYS = {
     "scenario",
@@ -133,8 +134,20 @@ def check_curve(data: dict[str, Any], report: str) -> None:
     assert "latency_vs_load.png" in report
 
 
+def check_writer_cpu(data: dict[str, Any], report: str) -> None:
+    """CPU per checkpoint of every side at every thread count and history length."""
+    for key, side in data["sides"].items():
+        cases = {(c["threads"], c["history"]) for c in side["cases"]}
+        assert cases == {(t, h) for t in (1, 8) for h in (50, 500, 2000)}, key
+        for case in side["cases"]:
+            assert case["cpu_us"]["median"] > 0, (key, case)
+    assert [t["id"] for t in data["targets"]] == ["writer_cpu", "writer_cpu"]
+    assert "## Client CPU per checkpoint" in report
+
+
 SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "curve": check_curve,
+    "writer-cpu": check_writer_cpu,
 }
 
 

@@ -1,5 +1,5 @@
 """Pure parts of the benchmark harness: the workload's store call, warm-call latencies,
-the curve scenario's maximum rates."""
+the curve scenario's maximum rates and the writer-cpu scenario's flatness figures."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ if TYPE_CHECKING:
     from benchmarks.measure import LatencyLog
     from benchmarks.scenarios.common import backlog_growing
     from benchmarks.scenarios.curve import maximum
+    from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
     from buffered_store.benchmarks.measure import LatencyLog
     from buffered_store.benchmarks.scenarios.common import backlog_growing
     from buffered_store.benchmarks.scenarios.curve import maximum
+    from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
 
@@ -115,3 +117,38 @@ def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
     assert not backlog_growing(None, 100.0)
     assert not backlog_growing(1.0, 100.0)
     assert backlog_growing(1.5, 100.0)
+
+
+def probe_case(side: str, api: str, threads: int, history: int, cpu: float) -> dict[str, Any]:
+    return {
+        "side": side,
+        "api": api,
+        "threads": threads,
+        "history": history,
+        "history_end": history + 40,
+        "round": 0,
+        "checkpoints": 20,
+        "cpu_us": cpu,
+        "wall_us": cpu * 2,
+        "nats_requests": 2.0,
+        "durations_ms": [cpu / 1000],
+    }
+
+
+def test_writer_cpu_figures_keep_each_side_apart_and_take_the_median_of_rounds() -> None:
+    cases = [
+        probe_case("buffered", "append", 64, h, cpu)
+        for h, cpus in ((50, (100, 110, 300)), (500, (105, 104, 103)), (2000, (118, 120, 119)))
+        for cpu in cpus
+    ] + [probe_case("raw", "raw", 64, h, 50.0) for h in (50, 500, 2000)]
+
+    append = side_figures("append", cases)
+    raw = side_figures("raw", cases)
+
+    assert append["checkpoints"] == 9 * 20
+    assert [r["cpu_us"]["median"] for r in append["cases"]] == [110, 104, 119]
+    medians, spread = flatness(append, 64)
+    assert medians == [110, 104, 119]
+    assert spread == pytest.approx(119 / 104)
+    assert [r["cpu_us"]["median"] for r in raw["cases"]] == [50.0, 50.0, 50.0]
+    assert flatness(raw, 1) == ([], None)
