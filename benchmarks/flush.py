@@ -37,21 +37,43 @@ def flusher_figures(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def backlog_figures(
-    t_s: Sequence[float], backlog: Sequence[float | None], writes_end_s: float, warm_s: float
+    t_s: Sequence[float],
+    backlog: Sequence[float | None],
+    writes_end_s: float,
+    warm_s: float,
+    window_s: float = 1.0,
 ) -> dict[str, Any]:
     """Max backlog while writing and its trend over the second half of the writes."""
     pairs = [(t, b) for t, b in zip(t_s, backlog, strict=False) if b is not None]
     writing = [(t, b) for t, b in pairs if warm_s <= t <= writes_end_s]
     half = [(t, b) for t, b in writing if t >= (warm_s + writes_end_s) / 2]
-    slope = _slope(half)
     return {
         "max": max((b for _, b in writing), default=None),
         "mean": sum(b for _, b in writing) / len(writing) if writing else None,
         "at_end_of_writes": writing[-1][1] if writing else None,
-        "slope_per_s_second_half": slope,
+        "slope_per_s_second_half": _slope(half),
+        "trough_slope_per_s_second_half": _slope(troughs(half, window_s)),
         "method": "consumer info (num_pending + num_ack_pending) of the flusher's durable "
-        "consumer, on a separate NATS connection, sampled",
+        "consumer, on a separate NATS connection, sampled; the backlog is a sawtooth (it "
+        f"fills for a flush window, then a cycle empties it), so its trend is the slope of "
+        f"the troughs (the lowest sample of every {window_s:g} s) over the second half of "
+        "the writes: a flusher that falls behind leaves more after each cycle. The slope of "
+        "every sample is kept too; against the sawtooth it swings by about a window's "
+        "entries over the half's length",
     }
+
+
+def troughs(points: Sequence[tuple[float, float]], window_s: float) -> list[tuple[float, float]]:
+    """The lowest point of every `window_s` of `points` (sorted by time)."""
+    if not points:
+        return []
+    start = points[0][0]
+    lowest: dict[int, tuple[float, float]] = {}
+    for t, b in points:
+        slot = int((t - start) // window_s)
+        if slot not in lowest or b < lowest[slot][1]:
+            lowest[slot] = (t, b)
+    return [lowest[k] for k in sorted(lowest)]
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float | None:

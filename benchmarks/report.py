@@ -64,7 +64,12 @@ SIDE_ROWS: list[Row] = [
     ("flush lag from ack p99 ms", _get("flush", "lag_from_ack_ms", "p99"), "ms"),
     ("backlog max (entries)", _get("flush", "backlog", "max"), "int"),
     (
-        "backlog trend, 2nd half (entries/s)",
+        "backlog trend, 2nd half, troughs (entries/s)",
+        _get("flush", "backlog", "trough_slope_per_s_second_half"),
+        "ratio",
+    ),
+    (
+        "backlog trend, 2nd half, every sample (entries/s)",
         _get("flush", "backlog", "slope_per_s_second_half"),
         "ratio",
     ),

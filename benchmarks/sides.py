@@ -343,7 +343,8 @@ async def measure_phase(
                 timeline,
                 clock_zero,
                 probe,
-                interval_s=0.2 if bench.options.quick else 0.5,
+                # Several samples per flush cycle, so the troughs of the backlog show.
+                interval_s=0.2 if bench.options.quick else 0.25,
                 total_s=workload.duration_s,
             )
         )

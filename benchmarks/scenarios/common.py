@@ -76,6 +76,15 @@ def judge_round_trips(buffered: dict[str, Any], suffix: str = "") -> dict[str, A
     )
 
 
+def backlog_trend(side: dict[str, Any]) -> float | None:
+    """Entries/s the WAL backlog gained over the second half of the writes: the slope of
+    its troughs (see `flush.backlog_figures`), or of every sample for older results."""
+    slope = side_get(side, "flush", "backlog", "trough_slope_per_s_second_half")
+    if slope is None:
+        slope = side_get(side, "flush", "backlog", "slope_per_s_second_half")
+    return slope  # type: ignore[no-any-return]
+
+
 def backlog_growing(slope_per_s: float | None, rate_per_s: float) -> bool:
     """A backlog grows when its trend exceeds 1% of the checkpoint rate (the rest is noise
     of the sampling against the flush cycles)."""
@@ -88,7 +97,7 @@ def judge_flush_lag(
     """Flush lag p99 within flush_interval + 250 ms, and a backlog that does not grow."""
     p99 = side_get(buffered, "flush", "lag_from_ack_ms", "p99")
     p99_start = side_get(buffered, "flush", "lag_ms", "p99")
-    slope = side_get(buffered, "flush", "backlog", "slope_per_s_second_half")
+    slope = backlog_trend(buffered)
     rate = side_get(buffered, "throughput_per_s") or 0.0
     limit = flush_interval_s * 1000 + 250
     growing = backlog_growing(slope, rate)
@@ -96,7 +105,7 @@ def judge_flush_lag(
     return target(
         "flush_lag",
         f"p99 {fmt(p99, 'ms')} ms from acknowledgement ({fmt(p99_start, 'ms')} ms from the "
-        f"call's start; limit {limit:.0f} ms); backlog trend "
+        f"call's start; limit {limit:.0f} ms); backlog trend (troughs) "
         f"{fmt(slope)} entries/s over the second half ({'growing' if growing else 'flat'})",
         met=met,
         ratio=ratio(p99, limit),

@@ -19,7 +19,8 @@ from ..sides import Phase, SeededSide, SidePlan, measure_phase, read_flush_lag, 
 from ..targets import ratio, target
 from ..workload import Workload, make_threads
 from . import Outcome
-from .common import api, backlog_growing, judge_flush_lag, side_get
+from .common import api, backlog_growing, backlog_trend, judge_flush_lag, side_get
+from .raw import run_raw
 
 DESCRIPTION = (
     "64 threads, each from a 200-message history growing by 2 messages (~300 bytes each) "
@@ -31,7 +32,9 @@ DESCRIPTION = (
     "the flusher's rate, the achieved rate minus the backlog's growth, is taken). Then "
     "paced open-loop runs (each thread at 1/64 of the rate; slots a thread falls behind on "
     "are skipped, not made up) of both sides at 25%, 50% and 90% of direct's maximum, and "
-    "of the buffered side at 50% of its own maximum. Last, the buffered write path alone "
+    "of the buffered side at 50% of its own maximum. The raw publish + KV CAS loop of the "
+    "`raw` scenario runs paced at the same three loads: the latency floor of any write path "
+    "that makes those two round trips on this machine. Last, the buffered write path alone "
     "(no flusher), closed loop. Each run is a measured phase of its own with freshly opened "
     "stores, on threads of its own seeded with the same history in the side's seed phase. "
     "Maximum phases last 15 s, paced ones 20 s (`--duration-s` sets the paced ones; the "
@@ -87,7 +90,7 @@ def maximum(figures: dict[str, Any], *, flusher: bool = True) -> dict[str, Any]:
     if not flusher:
         out["how"] = "no flusher: the achieved rate of the write path alone"
         return out
-    slope = side_get(figures, "flush", "backlog", "slope_per_s_second_half")
+    slope = backlog_trend(figures)
     out["backlog_slope_per_s"] = slope
     if slope is None:
         out["how"] = "backlog trend unknown (too few samples): the achieved rate"
@@ -169,6 +172,15 @@ async def run(bench: Bench) -> Outcome:
         key = f"direct_{pct(f)}"
         sides[key] = await direct.point(key, f"direct: {pct(f)}% of direct max", paced(f * d_rate))
     await direct.read_lags()
+    # The floor: the two round trips any such write path makes, at the same loads.
+    for f in FRACTIONS:
+        key = f"raw_{pct(f)}"
+        sides[key] = await run_raw(
+            bench,
+            paced(f * d_rate),
+            key=key,
+            label=f"raw publish + KV CAS: {pct(f)}% of direct max",
+        )
 
     own = f"buffered_{pct(OWN_FRACTION)}_own"
     buffered = SideRun(
@@ -254,7 +266,7 @@ def curve_points(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "key": key,
-                "side": "direct" if s["kind"] == "direct" else "buffered",
+                "side": s["kind"] if s["kind"] in ("direct", "raw") else "buffered",
                 "label": s["label"],
                 "closed_loop": s.get("offered_per_s") is None,
                 "flusher": s["kind"] == "buffered" and key != "buffered_writer_only",
@@ -268,7 +280,7 @@ def curve_points(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "cold_calls_left_out": warm.get("cold_calls_left_out"),
                 "flush_lag_from_ack_p99_ms": side_get(s, "flush", "lag_from_ack_ms", "p99"),
                 "flush_lag_from_start_p99_ms": side_get(s, "flush", "lag_ms", "p99"),
-                "backlog_slope_per_s": side_get(s, "flush", "backlog", "slope_per_s_second_half"),
+                "backlog_slope_per_s": backlog_trend(s),
                 "backlog_max": side_get(s, "flush", "backlog", "max"),
             }
         )
@@ -322,6 +334,7 @@ def judge(
     for f in JUDGED:
         d, b = sides[f"direct_{pct(f)}"], sides[f"buffered_{pct(f)}"]
         dq, bq = side_get(d, "latency_warm_ms", "p99"), side_get(b, "latency_warm_ms", "p99")
+        rq = side_get(sides.get(f"raw_{pct(f)}", {}), "latency_warm_ms", "p99")
         r = ratio(dq, bq)
         out.append(
             target(
@@ -331,7 +344,9 @@ def judge(
                 f"{fmt(d.get('throughput_per_s'), 'rate')}/s, buffered "
                 f"{fmt(b.get('throughput_per_s'), 'rate')}/s); all calls: direct "
                 f"{fmt(side_get(d, 'latency_ms', 'p99'), 'ms')} ms vs buffered "
-                f"{fmt(side_get(b, 'latency_ms', 'p99'), 'ms')} ms",
+                f"{fmt(side_get(b, 'latency_ms', 'p99'), 'ms')} ms; the raw publish + KV CAS "
+                f"loop's own p99 at this load {fmt(rq, 'ms')} ms (direct/raw = "
+                f"{fmt(ratio(dq, rq))}: the most any two-round-trip write path can gain here)",
                 ratio=r,
                 met=None if r is None else r >= 5,
                 suffix=f"{pct(f)}% of direct's maximum, {api_name}()",
@@ -384,7 +399,11 @@ def plot_curve(
     if not usable:
         return None
     fig, ax = plt.subplots(figsize=(12, 6))
-    styles = {"direct": ("C0", "direct Postgres"), "buffered": ("C1", "buffered + flusher")}
+    styles = {
+        "direct": ("C0", "direct Postgres"),
+        "buffered": ("C1", "buffered + flusher"),
+        "raw": ("C7", "raw publish + KV CAS loop (floor)"),
+    }
     for side, (color, name) in styles.items():
         curve = sorted(
             (r for r in usable if r["side"] == side and r["flusher"] == (side == "buffered")),

@@ -13,12 +13,14 @@ from buffered_store.protocol import ThreadRunStore
 # The harness is installed as `buffered_store.benchmarks`; mypy checks the repository's
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
+    from benchmarks.flush import backlog_figures
     from benchmarks.measure import LatencyLog
     from benchmarks.scenarios.common import backlog_growing
     from benchmarks.scenarios.curve import maximum
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
+    from buffered_store.benchmarks.flush import backlog_figures
     from buffered_store.benchmarks.measure import LatencyLog
     from buffered_store.benchmarks.scenarios.common import backlog_growing
     from buffered_store.benchmarks.scenarios.curve import maximum
@@ -152,3 +154,28 @@ def test_writer_cpu_figures_keep_each_side_apart_and_take_the_median_of_rounds()
     assert spread == pytest.approx(119 / 104)
     assert [r["cpu_us"]["median"] for r in raw["cases"]] == [50.0, 50.0, 50.0]
     assert flatness(raw, 1) == ([], None)
+
+
+def sawtooth(growth_per_s: float, *, seconds: float = 20.0) -> tuple[list[float], list[float]]:
+    """Backlog samples every 0.25 s: 0.5 s flush windows filling at 800 entries/s and
+    emptied by each cycle, plus `growth_per_s` the flusher leaves behind."""
+    t = [i * 0.25 for i in range(int(seconds / 0.25))]
+    return t, [800 * (x % 0.5) * 2 + 200 + growth_per_s * x for x in t]
+
+
+def test_backlog_trend_of_a_sawtooth_reads_its_troughs() -> None:
+    t, flat = sawtooth(0.0)
+    figures = backlog_figures(t, flat, writes_end_s=20.0, warm_s=2.0)
+    assert figures["trough_slope_per_s_second_half"] == pytest.approx(0.0, abs=1e-9)
+    t, growing = sawtooth(50.0)
+    figures = backlog_figures(t, growing, writes_end_s=20.0, warm_s=2.0)
+    assert figures["trough_slope_per_s_second_half"] == pytest.approx(50.0, rel=0.05)
+
+
+def test_backlog_trend_ignores_where_the_sampling_falls_in_the_cycle() -> None:
+    # Samples drifting against the cycle: every sample's slope swings, the troughs' does not.
+    t = [i * 0.27 for i in range(74)]
+    b = [800 * (x % 0.5) * 2 + 200 for x in t]
+    figures = backlog_figures(t, b, writes_end_s=20.0, warm_s=2.0)
+    assert abs(figures["trough_slope_per_s_second_half"]) < 5
+    assert figures["max"] > 900
