@@ -37,7 +37,7 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
     "large-thread": ({"direct", "buffered"}, {"timeline.png", "wal_bytes_vs_history.png"}),
     "force-flush": ({"writer", "other"}, set()),
     "raw": ({"raw", "buffered_writer_only", "buffered", "direct"}, {"timeline.png"}),
-    "spark-overlay": ({"plain", "overlay"}, {"spark_reads.png"}),
+    "spark-overlay": ({"plain", "overlay_warm", "overlay_restarted"}, {"spark_reads.png"}),
     "curve": (
         {
             *(f"{side}_{point}" for side in ("direct", "buffered") for point in CURVE_POINTS),
@@ -145,8 +145,27 @@ def check_writer_cpu(data: dict[str, Any], report: str) -> None:
     assert "## Client CPU per checkpoint" in report
 
 
+def check_spark_overlay(data: dict[str, Any], report: str) -> None:
+    """Both WAL tails leave the same pending entries and rows; only the warm one is judged."""
+    params = data["parameters"]
+    pending = params["threads"] * params["pending_per_thread"]
+    tails = data["figures"]["tails"]
+    assert set(tails) == {"warm", "restarted"}
+    for kind, tail in tails.items():
+        assert tail["pending_entries"] == pending, kind
+        assert tail["rows_as_expected"], kind
+    # A warm writer's entries are deltas, a restarted one's first entry per thread a snapshot.
+    assert tails["warm"]["tail_bytes"] < tails["restarted"]["tail_bytes"]
+    assert data["figures"]["restarted_data_set_table_alike"]
+    assert [t["id"] for t in data["targets"]] == ["spark", "spark"]
+    assert data["targets"][1]["met"] is None
+    assert "warm writers" in report
+    assert "restarted writers" in report
+
+
 SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "curve": check_curve,
+    "spark-overlay": check_spark_overlay,
     "writer-cpu": check_writer_cpu,
 }
 
