@@ -41,6 +41,7 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
     "curve": (
         {
             *(f"{side}_{point}" for side in ("direct", "buffered") for point in CURVE_POINTS),
+            *(f"raw_{point}" for point in CURVE_POINTS[1:]),
             "buffered_50_own",
             "buffered_writer_only",
         },
@@ -128,6 +129,13 @@ def check_curve(data: dict[str, Any], report: str) -> None:
         assert row["closed_loop"] == key.endswith(("_max", "_writer_only")), key
     for key in ("buffered_25", "buffered_50", "buffered_90", "buffered_50_own"):
         assert data["sides"][key]["flush"]["lag_from_ack_ms"]["count"] > 0, key
+    for point in CURVE_POINTS[1:]:
+        # The raw loop runs paced at the same offered loads as the two stores.
+        raw, direct = rows[f"raw_{point}"], rows[f"direct_{point}"]
+        assert raw["side"] == "raw", point
+        assert raw["offered_per_s"] == direct["offered_per_s"], point
+        assert raw["latency_warm_ms"]["p99"] is not None, point
+    assert all("raw publish + KV CAS loop's own p99" in t["measured"] for t in data["targets"][:2])
     assert [t["id"] for t in data["targets"]] == ["load_p99", "load_p99", "max_rate", "flush_lag"]
     assert data["parameters"]["api"] == "append"
     assert "## Latency against offered load" in report
