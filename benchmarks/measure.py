@@ -90,6 +90,11 @@ class LatencyLog:
         """Durations of the successful calls that were not a thread's first of the phase."""
         return [d for i, d in enumerate(self.durations_ms) if i not in self.cold]
 
+    def warm_summary(self, method: str) -> dict[str, Any]:
+        """`summarize` of the warm calls, with how many cold ones were left out and why."""
+        warm = summarize(self.warm_ms())
+        return {**warm, "cold_calls_left_out": len(self.cold), "method": method}
+
     def fail(self, start_s: float, error: BaseException) -> None:
         """Record a failed call."""
         self.failures.append((start_s, type(error).__name__))

@@ -413,12 +413,10 @@ async def measure_phase(
         "offered_per_s": workload.target_rate,
         "late_slots": result.late_slots,
         "latency_ms": summarize(log.durations_ms),
-        "latency_warm_ms": {
-            **summarize(log.warm_ms()),
-            "cold_calls_left_out": len(log.cold),
-            "method": "every successful call but each thread's first of the phase (the "
-            "stores were just opened: a cold call)",
-        },
+        "latency_warm_ms": log.warm_summary(
+            "every successful call but each thread's first of the phase (the stores were "
+            "just opened: a cold call)"
+        ),
         "latency_cdf_ms": cdf_points(log.durations_ms),
         "pg": {**pg_delta(pg_before, pg_after, ok), "settled": settled_before and settled_after},
         "store_stats": store_stats,

@@ -78,7 +78,8 @@ def judge_round_trips(buffered: dict[str, Any], suffix: str = "") -> dict[str, A
 
 def backlog_trend(side: dict[str, Any]) -> float | None:
     """Entries/s the WAL backlog gained over the second half of the writes: the slope of
-    its troughs (see `flush.backlog_figures`), or of every sample for older results."""
+    its troughs (see `flush.backlog_figures`), or of every sample when the half is too
+    short for three troughs (quick runs) or the results predate them."""
     slope = side_get(side, "flush", "backlog", "trough_slope_per_s_second_half")
     if slope is None:
         slope = side_get(side, "flush", "backlog", "slope_per_s_second_half")

@@ -101,11 +101,13 @@ async def run_probe(bench: Bench, n: Sizes) -> dict[str, Any]:
         )
         assert proc.stdout is not None
         lines = []
+        done = 0
         async for raw in proc.stdout:
             line = raw.decode(errors="replace")
             lines.append(line)
-            done = sum(1 for x in lines if x.startswith("raw "))
-            bench.progress.update(task, completed=done, info=f"{done}/{cases} cases")
+            if line.startswith("raw "):  # the raw loop's line closes each case
+                done += 1
+                bench.progress.update(task, completed=done, info=f"{done}/{cases} cases")
         code = await proc.wait()
         log.write_text("".join(lines))
         if code != 0:
