@@ -20,7 +20,7 @@ java_ok = java -version 2>&1 | grep -E 'version "(1[7-9]|[2-9][0-9])[."]' >/dev/
 jar_ok = test -f "$(JDBC_JAR)"
 pg_ok = test -n "$${DATABASE_URL:-}" || test -x "$${PG_BIN:-/nonexistent}/initdb" \
 	|| ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
-	|| { test -x $(VPY) && $(VPY) -c 'from buffered_store.devservices import find_pg_bindir as f; f()' >/dev/null 2>&1; }
+	|| { test -x $(VPY) && $(VPY) -c 'from buffered_store.dev.services import find_pg_bindir as f; f()' >/dev/null 2>&1; }
 
 .PHONY: help install .venv java test demo lint clean distclean
 
@@ -77,7 +77,7 @@ test: install java
 	$(VPY) -m pytest tests/ $(PYTEST_ARGS)
 
 demo: install java
-	$(VPY) -m buffered_store.demo $(DEMO_ARGS)
+	$(VPY) -m buffered_store.dev.demo $(DEMO_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -31,7 +31,7 @@ def _line(stats: dict[str, Any], final: bool = False) -> None:
 
 
 async def run(database_url: str, schema: str, interval_s: float) -> int:
-    from buffered_store.postgres import PostgresThreadRunStore
+    from buffered_store.stores.postgres import PostgresThreadRunStore
     from flusher import Flusher, FlusherConfig
 
     config = FlusherConfig.from_env()

@@ -1,6 +1,6 @@
 """One benchmark invocation: its options, services, side databases and progress display.
 
-Services come from `buffered_store.devservices`: our own nats-server and PostgreSQL
+Services come from `buffered_store.dev.services`: our own nats-server and PostgreSQL
 cluster (Postgres with ``track_commit_timestamp=on``, so flush lags can be read from
 commit times), or the servers whose URLs are given. Each side of a scenario gets a
 database of its own, so Postgres counts its transactions apart from the other side's.
@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import (
+from buffered_store.dev.services import (
     ExternalNats,
     ExternalPostgres,
     NatsServer,
@@ -35,7 +35,7 @@ from buffered_store.devservices import (
     to_libpq_url,
     to_sqlalchemy_url,
 )
-from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.stores.postgres import PostgresThreadRunStore
 
 SCHEMA = "bench"
 

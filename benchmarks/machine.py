@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import psutil
 
-from buffered_store.devservices import find_nats_server
+from buffered_store.dev.services import find_nats_server
 
 PACKAGES = (
     "buffered-thread-store",

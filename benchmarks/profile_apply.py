@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.devservices import PostgresServer, to_libpq_url
-from buffered_store.entry import WalEntry, encode_entry
-from buffered_store.flushing import group_by_thread
-from buffered_store.keys import wal_subject
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.records import Message, RunRecord, Thread, utcnow
-from buffered_store.target import ApplyStatus
+from buffered_store.dev.services import PostgresServer, to_libpq_url
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.ids import utcnow
+from buffered_store.engine.keys import wal_subject
+from buffered_store.engine.threadlog import group_by_thread
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import WalEntry, encode_entry
+from buffered_store.threadrun.records import Message, RunRecord, Thread
 from flusher.policy import classify
 
 from .workload import message

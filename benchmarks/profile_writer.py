@@ -39,12 +39,13 @@ import nats
 import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import NatsServer
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import Message, RunRecord
+from buffered_store.dev.services import NatsServer
+from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.threadrun.records import Message, RunRecord
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
+from .processes import WalMonitor
 from .workload import message
 
 
@@ -189,7 +190,9 @@ async def buffered_case(
         )
         requests = (store.stats()["nats_requests"] - before) / (steps * threads)
     finally:
-        await store.wal.js.delete_stream(config.stream_name)
+        monitor = await WalMonitor.connect(config)
+        await monitor.delete_objects()
+        await monitor.close()
         await store.close()
     return cpu, wall, requests
 

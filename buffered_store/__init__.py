@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from buffered_store.config import ReadConsistency
+from buffered_store.engine.flushing import FlushStatus
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
@@ -24,28 +26,26 @@ from buffered_store.errors import (
     ValidationError,
     WalUnavailableError,
 )
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import (
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import (
     CheckpointReceipt,
-    FlushStatus,
     Message,
-    ReadConsistency,
     RunRecord,
     RunStatus,
     Thread,
 )
 
 if TYPE_CHECKING:
-    from buffered_store.buffered import BufferedThreadRunStore
     from buffered_store.config import BufferedStoreConfig
-    from buffered_store.memory import InMemoryThreadRunStore
-    from buffered_store.postgres import PostgresThreadRunStore
+    from buffered_store.stores.memory import InMemoryThreadRunStore
+    from buffered_store.stores.postgres import PostgresThreadRunStore
+    from buffered_store.threadrun.store import BufferedThreadRunStore
 
 _LAZY = {
-    "BufferedThreadRunStore": "buffered_store.buffered",
+    "BufferedThreadRunStore": "buffered_store.threadrun.store",
     "BufferedStoreConfig": "buffered_store.config",
-    "InMemoryThreadRunStore": "buffered_store.memory",
-    "PostgresThreadRunStore": "buffered_store.postgres",
+    "InMemoryThreadRunStore": "buffered_store.stores.memory",
+    "PostgresThreadRunStore": "buffered_store.stores.postgres",
 }
 
 __all__ = [

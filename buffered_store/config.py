@@ -11,16 +11,27 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, get_type_hints
 
 from buffered_store.errors import ConfigError
-from buffered_store.records import ReadConsistency
 
 ENV_PREFIX = "BUFSTORE_"
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 READ_FROM = ("auto", "leader", "any")
 """Accepted values of `EngineConfig.read_from`."""
+
+
+class ReadConsistency(StrEnum):
+    """How a read of the buffered store relates to acknowledged checkpoints."""
+
+    READ_YOUR_WRITES = "read_your_writes"
+    """Overlay the unflushed WAL tail on the inner store (default)."""
+    STRONG = "strong"
+    """Flush the pending entries first, then read the inner store."""
+    EVENTUAL = "eventual"
+    """Read the inner store only; may miss unflushed checkpoints."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,11 +22,18 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from buffered_store.entry import WalEntry
+from buffered_store.engine.flushing import ApplyOutcome
 from buffered_store.errors import DatabaseUnavailableError
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import CheckpointReceipt, Message, RunRecord, RunStatus, Thread
-from buffered_store.target import ApplyOutcome, FlushTarget, StoredThread, VersionedRun
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import (
+    CheckpointReceipt,
+    Message,
+    RunRecord,
+    RunStatus,
+    Thread,
+)
+from buffered_store.threadrun.target import FlushTarget, StoredThread, VersionedRun
 
 __all__ = ["FaultyFlushTarget", "InnerStore", "make_messages", "make_run"]
 

@@ -20,7 +20,7 @@ import click
 
 from buffered_store.cli.common import nats_url_option, require, run, store_options
 from buffered_store.errors import BackendUnavailableError
-from buffered_store.wal import Wal
+from buffered_store.nats import NatsWal
 from flusher.config import FlusherConfig
 from flusher.policy import backoff_s
 from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
@@ -112,7 +112,7 @@ async def _serve(
     stats_interval: float,
     metrics_port: int | None = None,
 ) -> None:
-    from buffered_store.postgres import PostgresThreadRunStore
+    from buffered_store.stores.postgres import PostgresThreadRunStore
     from flusher.service import Flusher
 
     stop = asyncio.Event()
@@ -214,7 +214,7 @@ def quarantine_list(nats_url: str | None, as_json: bool) -> None:
     config = flusher_config(nats_url)
 
     async def main() -> list[QuarantineRecord]:
-        wal = await Wal.connect(config, name="bufstore-quarantine")
+        wal = await NatsWal.connect(config, name="bufstore-quarantine")
         try:
             return await list_quarantine(wal)
         finally:
@@ -267,11 +267,11 @@ def quarantine_replay(
     config = flusher_config(nats_url)
 
     async def main() -> None:
-        from buffered_store.postgres import PostgresThreadRunStore
+        from buffered_store.stores.postgres import PostgresThreadRunStore
 
         inner = await PostgresThreadRunStore.connect(url, schema=schema)
         try:
-            wal = await Wal.connect(config, name="bufstore-quarantine")
+            wal = await NatsWal.connect(config, name="bufstore-quarantine")
             try:
                 result = await replay(wal, inner, stream_seq=stream_seq, thread_id=thread_id)
             finally:
@@ -296,7 +296,7 @@ def quarantine_drop(nats_url: str | None, stream_seq: int | None, thread_id: str
     config = flusher_config(nats_url)
 
     async def main() -> list[str]:
-        wal = await Wal.connect(config, name="bufstore-quarantine")
+        wal = await NatsWal.connect(config, name="bufstore-quarantine")
         try:
             return await drop(wal, stream_seq=stream_seq, thread_id=thread_id)
         finally:

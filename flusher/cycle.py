@@ -14,14 +14,15 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from nats.aio.msg import Msg
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_exponential_jitter
 
-from buffered_store.entry import WalEntry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ports import Delivered
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
-from buffered_store.flushing import ThreadLog
-from buffered_store.target import ApplyOutcome, ApplyStatus, FlushTarget
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.target import FlushTarget
 from flusher.config import FlusherConfig
 from flusher.faults import maybe_crash
 from flusher.held import Held, Settler, ThreadWork
@@ -77,7 +78,7 @@ class CycleRunner:
         self._failures: dict[str, tuple[int, int]] = {}
         self._db_down = False
 
-    async def run(self, msgs: Sequence[Msg]) -> None:
+    async def run(self, msgs: Sequence[Delivered]) -> None:
         """Apply and settle one cycle's messages; unsettled ones are given back at the end."""
         started = asyncio.get_running_loop().time()
         self.held = [Held(msg) for msg in msgs]
@@ -109,11 +110,11 @@ class CycleRunner:
         bad: list[tuple[Held, Undecodable]] = []
         stream = self.config.stream_name
         for held in self.held:
-            meta = held.msg.metadata
+            msg = held.msg
             self.stats.messages += 1
-            if meta.num_delivered > 1:
+            if msg.num_delivered > 1:
                 self.stats.redeliveries += 1
-            result = classify(stream, held.msg.subject, held.msg.data, meta.sequence.stream)
+            result = classify(stream, msg.subject, msg.data, msg.stream_seq)
             if isinstance(result, Undecodable):
                 bad.append((held, result))
                 continue

@@ -12,9 +12,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
-
-from buffered_store.entry import WalEntry
+from buffered_store.engine.ports import Delivered
+from buffered_store.threadrun.entry import WalEntry
 from flusher.policy import HeldSeq, Settle
 from flusher.stats import FlusherStats
 
@@ -25,14 +24,14 @@ log = logging.getLogger("flusher")
 class Held:
     """A fetched message the cycle holds, with its entry once decoded."""
 
-    msg: Msg
+    msg: Delivered
     entry: WalEntry | None = None
     settled: bool = False
 
     @property
     def num_delivered(self) -> int:
         """Deliveries of the message so far (1 on the first)."""
-        return int(self.msg.metadata.num_delivered)
+        return self.msg.num_delivered
 
 
 @dataclass(eq=False, slots=True)
@@ -88,7 +87,7 @@ class Settler:
                 await held.msg.ack()
                 self.stats.acked += 1
             elif action is Settle.NAK:
-                await held.msg.nak(delay=delay_s or None)
+                await held.msg.nak(delay_s or None)
                 self.stats.naked += 1
             else:
                 await held.msg.term()

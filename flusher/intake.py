@@ -1,10 +1,9 @@
-"""The flusher's side of the durable pull consumer: one pull subscription, re-created
-when it may be stale, and the collection window.
+"""The flusher's side of the durable consumer: one subscription (the WAL's `Delivery`),
+re-created when it may be stale, and the collection window.
 
-Pull subscriptions must be re-created after the client reconnected (nats.py #504): the
-server forgets outstanding pull requests of a dead connection. The client reconnects on
-its own (`Wal.connect` retries forever); the intake notices through the client's
-reconnect counter and re-creates the subscription before its next fetch.
+A subscription goes stale when the connection under it was re-established (the server
+forgets the outstanding pull requests of a dead connection); the intake asks before each
+window and subscribes again.
 """
 
 from __future__ import annotations
@@ -13,10 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-
-from buffered_store.wal import Wal
+from buffered_store.engine.ports import Delivered, Delivery, Wal
 from flusher.config import MIN_FETCH_TIMEOUT_S, FlusherConfig
 from flusher.stats import FlusherStats
 
@@ -34,21 +30,17 @@ class Intake:
         self.wal = wal
         self.config = config
         self.stats = stats
-        self._sub: JetStreamContext.PullSubscription | None = None
-        self._reconnects = -1
+        self._sub: Delivery | None = None
         self._stale = True
         self._opened = False
-        self.in_hand: list[Msg] = []
+        self.in_hand: list[Delivered] = []
         """Messages of the window being collected (or collected and not yet taken by a
         cycle): kept alive meanwhile, given back if the flusher is cancelled."""
 
     async def open(self) -> None:
         """Create (or re-create) the pull subscription bound to the durable consumer."""
         await self.close()
-        self._reconnects = self._reconnect_count()
-        self._sub = await self.wal.js.pull_subscribe_bind(
-            durable=self.config.consumer_name, stream=self.config.stream_name
-        )
+        self._sub = await self.wal.subscribe()
         self._stale = False
         if self._opened:
             self.stats.resubscribes += 1
@@ -83,10 +75,7 @@ class Intake:
         """Drop the subscription (best effort: the connection may be gone)."""
         sub, self._sub = self._sub, None
         if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:  # a dead subscription needs no cleanup
-                log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
+            await sub.close()
 
     async def collect(
         self, should_stop: Callable[[], bool], busy: Callable[[], bool] = lambda: False
@@ -105,7 +94,7 @@ class Intake:
 
         The messages stay in `in_hand` until the caller takes them with `take`.
         """
-        if self._sub is None or self._stale or self._reconnect_count() != self._reconnects:
+        if self._sub is None or self._stale or self._sub.stale:
             await self.open()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.flush_interval_s
@@ -127,18 +116,12 @@ class Intake:
             msgs.extend(fetched)
             self.stats.fetched += len(fetched)
 
-    def take(self) -> list[Msg]:
+    def take(self) -> list[Delivered]:
         """Hand the collected messages over (the caller now settles them)."""
         msgs, self.in_hand = self.in_hand, []
         return msgs
 
-    async def _fetch(self, count: int, remaining_s: float) -> list[Msg]:
+    async def _fetch(self, count: int, remaining_s: float) -> list[Delivered]:
         assert self._sub is not None
         timeout = max(MIN_FETCH_TIMEOUT_S, min(remaining_s, self.config.fetch_timeout_s))
-        try:
-            return await self._sub.fetch(count, timeout=timeout)
-        except TimeoutError:  # nats.errors.TimeoutError derives from it
-            return []  # nothing arrived in time: the normal idle case
-
-    def _reconnect_count(self) -> int:
-        return int(self.wal.nc.stats.get("reconnects", 0))
+        return list(await self._sub.fetch(count, timeout))

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from buffered_store.entry import WalEntry
 from buffered_store.errors import StoreError
+from buffered_store.threadrun.entry import WalEntry
 from flusher.config import FlusherConfig
 from flusher.held import Held, Settler, ThreadWork
 from flusher.policy import Backoff, Settle, Undecodable, undecodable_action
@@ -54,7 +54,7 @@ class Poison:
         record = undecodable_record(
             bad,
             subject=msg.subject,
-            stream_seq=msg.metadata.sequence.stream,
+            stream_seq=msg.stream_seq,
             data=msg.data,
             deliveries=held.num_delivered,
             now=self.clock(),

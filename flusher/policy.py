@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from buffered_store.entry import WalEntry, decode_entry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.keys import thread_from_subject
 from buffered_store.errors import CorruptEntryError
-from buffered_store.keys import thread_from_subject
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.threadrun.entry import WalEntry, decode_entry
 
 PREVIEW_BYTES = 32
 """Bytes of an undecodable payload kept (as hex) in its quarantine record."""

@@ -24,15 +24,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import nats.js.errors as jse
 import orjson
 
+from buffered_store.engine.ids import parse_time
+from buffered_store.engine.keys import encode_token
+from buffered_store.engine.ports import Wal
+from buffered_store.engine.threadlog import ThreadLog, flush_thread
 from buffered_store.errors import ConflictError, StoreError, ValidationError
-from buffered_store.flushing import ThreadLog, flush_thread
-from buffered_store.keys import encode_token
-from buffered_store.records import _parse_dt
-from buffered_store.target import FlushTarget
-from buffered_store.wal import Wal, translated
+from buffered_store.threadrun.target import FlushTarget
 from flusher.policy import PREVIEW_BYTES, Undecodable, classify
 
 log = logging.getLogger("flusher.quarantine")
@@ -119,7 +118,7 @@ class QuarantineRecord:
         return cls(
             kind=QuarantineKind(data["kind"]),
             reason=str(data.get("reason", "")),
-            at=_parse_dt(data["at"]),
+            at=parse_time(data["at"]),
             thread_id=data.get("thread_id"),
             subject=data.get("subject"),
             stream_seq=data.get("stream_seq"),
@@ -176,11 +175,10 @@ class Quarantine:
 
         Create-only, so a redelivered message is never quarantined twice.
         """
-        async with translated(f"quarantine {record.key}"):
-            try:
-                await self.wal.quarantine.create(record.key, orjson.dumps(record.to_json()))
-            except jse.KeyWrongLastSequenceError:
-                return False
+        try:
+            await self.wal.quarantine.create(record.key, orjson.dumps(record.to_json()))
+        except ConflictError:
+            return False
         return True
 
     async def add_thread(
@@ -232,11 +230,7 @@ class Quarantine:
 
     async def records(self) -> list[QuarantineRecord]:
         """Every record: threads first, then messages by stream seq."""
-        async with translated("list quarantine"):
-            try:
-                keys = await self.wal.quarantine.keys()
-            except jse.NoKeysError:
-                return []
+        keys = await self.wal.quarantine.keys()
         found = await asyncio.gather(*(self._get(key) for key in keys))
         out = [item[0] for item in found if item is not None]
         out.sort(key=lambda r: (r.kind is QuarantineKind.MESSAGE, r.stream_seq or 0, r.key))
@@ -244,16 +238,11 @@ class Quarantine:
 
     async def delete(self, key: str) -> None:
         """Delete a record (absent is fine)."""
-        async with translated(f"delete quarantine {key}"):
-            await self.wal.quarantine.delete(key)
+        await self.wal.quarantine.delete(key)
 
     async def _get(self, key: str) -> tuple[QuarantineRecord, int] | None:
-        async with translated(f"read quarantine {key}"):
-            try:
-                entry = await self.wal.quarantine.get(key)
-            except (jse.KeyNotFoundError, jse.KeyDeletedError):
-                return None
-        if entry.value is None or entry.revision is None:
+        entry = await self.wal.quarantine.get(key)
+        if entry is None:
             return None
         try:
             return QuarantineRecord.from_json(orjson.loads(entry.value)), entry.revision
@@ -262,11 +251,7 @@ class Quarantine:
 
     async def _swap(self, key: str, record: QuarantineRecord, revision: int | None) -> None:
         value = orjson.dumps(record.to_json())
-        async with translated(f"update quarantine {key}"):
-            if revision is None:
-                await self.wal.quarantine.create(key, value)
-            else:
-                await self.wal.quarantine.update(key, value, last=revision)
+        await self.wal.quarantine.swap(key, value, revision=revision)
 
 
 async def list_quarantine(wal: Wal) -> list[QuarantineRecord]:

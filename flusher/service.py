@@ -18,22 +18,16 @@ from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 
-from nats.aio.msg import Msg
-
 from buffered_store.config import EngineConfig
-from buffered_store.errors import (
-    ConfigError,
-    FlushTimeoutError,
-    StoreError,
-    WalUnavailableError,
-)
-from buffered_store.flushing import ThreadLog, read_tail
-from buffered_store.generic import GenericFlushTarget, KvWatermarks
+from buffered_store.engine.ids import utcnow
+from buffered_store.engine.ports import Delivered, Wal
+from buffered_store.engine.threadlog import ThreadLog, read_tail
+from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError, WalUnavailableError
 from buffered_store.metrics_core import HistogramSnapshot
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import utcnow
-from buffered_store.target import FlushTarget
-from buffered_store.wal import Wal, translated
+from buffered_store.nats import NatsWal
+from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.target import FlushTarget
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.held import Held, Settler
@@ -135,7 +129,7 @@ class Flusher:
         if self._task is not None:
             raise StoreError("the flusher was started already")
         if self._wal is None:
-            self._wal = await Wal.connect(self.config, name=self.name)
+            self._wal = await NatsWal.connect(self.config, name=self.name)
         wal = self._wal
         thread_log = ThreadLog(wal, self.config)
         if isinstance(self.inner, FlushTarget):
@@ -152,8 +146,7 @@ class Flusher:
         )
         self._intake = Intake(wal, self.config, self._stats)
         try:
-            async with translated("bind to the flusher consumer"):
-                await self._intake.open()
+            await self._intake.open()
         except BaseException:
             await self._close_wal()
             raise
@@ -243,10 +236,7 @@ class Flusher:
         deadline = loop.time() + timeout_s
         while True:
             if not self._holding:
-                async with translated("read the flusher consumer"):
-                    info = await self.wal.js.consumer_info(
-                        self.config.stream_name, self.config.consumer_name
-                    )
+                info = await self.wal.consumer_state()
                 if not info.num_pending and not info.num_ack_pending:
                     return
             remaining = deadline - loop.time()
@@ -268,18 +258,14 @@ class Flusher:
             await self._pause(self._backlog_poll_s)
 
     async def _read_backlog(self) -> None:
-        async with translated("read the flusher consumer"):
-            consumer, stream = await asyncio.gather(
-                self.wal.js.consumer_info(self.config.stream_name, self.config.consumer_name),
-                self.wal.js.stream_info(self.config.stream_name),
-            )
-        first = (consumer.ack_floor.stream_seq if consumer.ack_floor else 0) + 1
-        last = min(stream.state.last_seq, first + BACKLOG_SCAN_LIMIT - 1)
+        consumer = await self.wal.consumer_state()
+        first = consumer.ack_floor + 1
+        last = min(consumer.last_seq, first + BACKLOG_SCAN_LIMIT - 1)
         tail = await read_tail(self.wal, self.config, first, last)
         stats = self._stats
-        stats.consumer_pending = consumer.num_pending or 0
-        stats.consumer_ack_pending = consumer.num_ack_pending or 0
-        stats.consumer_redelivered = consumer.num_redelivered or 0
+        stats.consumer_pending = consumer.num_pending
+        stats.consumer_ack_pending = consumer.num_ack_pending
+        stats.consumer_redelivered = consumer.num_redelivered
         stats.backlog = stats.consumer_pending + stats.consumer_ack_pending
         stats.pending_threads = len({e.thread_id for e in tail})
         oldest = min((e.at for e in tail), default=None)
@@ -386,7 +372,7 @@ class Flusher:
             )
         )
 
-    async def _cycle(self, msgs: list[Msg]) -> None:
+    async def _cycle(self, msgs: list[Delivered]) -> None:
         """Run one cycle; after a failed one, pause (longer after each in a row) before
         the next may start."""
         assert self._runner is not None

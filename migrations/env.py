@@ -1,6 +1,6 @@
 """Alembic environment of the store's Postgres schema.
 
-Configured programmatically by `buffered_store.migrate` (``config.attributes`` carries
+Configured programmatically by `buffered_store.stores.migrate` (``config.attributes`` carries
 ``url`` and ``schema``); the ``sqlalchemy.url`` and ``bufstore_schema`` main options of an
 ``alembic.ini`` work too. Online runs hold a Postgres advisory lock for the schema while
 they create it and migrate it, so concurrent upgrades (several processes starting at
@@ -12,8 +12,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool, text
 
-from buffered_store.migrate import check_schema_name, normalize_url
-from buffered_store.schema import metadata
+from buffered_store.stores.migrate import check_schema_name, normalize_url
+from buffered_store.stores.schema import metadata
 
 LOCK_NAMESPACE = 0x42554653
 """First key of the advisory lock ("BUFS"); the second is a hash of the schema name."""

@@ -2,7 +2,7 @@
 
 The first test needing ``services``/``nats_url``/``database_url`` starts a throwaway
 nats-server and PostgreSQL cluster (or uses NATS_URL / DATABASE_URL, or containers with
-BUFSTORE_SERVICES=containers; see buffered_store.devservices). If they cannot start, the
+BUFSTORE_SERVICES=containers; see buffered_store.dev.services). If they cannot start, the
 tests error out loudly: they are never skipped, in CI or locally.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from buffered_store.devcluster import NatsCluster
-from buffered_store.devservices import DevServiceError, Services, start_services
+from buffered_store.dev.cluster import NatsCluster
+from buffered_store.dev.services import DevServiceError, Services, start_services
 
 _SERVICE_FIXTURES = frozenset({"services", "nats_url", "database_url", "nats_cluster"})
 

@@ -7,8 +7,8 @@ import asyncio
 import time
 from typing import Any
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from ..harness import Bench
 from ..measure import PgStats, cdf_points, pg_delta, summarize

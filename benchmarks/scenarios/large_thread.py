@@ -9,9 +9,9 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from ..harness import Bench
 from ..measure import LatencyLog, Timeline, summarize

@@ -24,8 +24,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.postgres import PostgresThreadRunStore
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from ..harness import Bench, SideDb
 from ..measure import cdf_points, summarize

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from buffered_store import migrate
 from buffered_store.errors import StoreError
+from buffered_store.stores import migrate
 
 _URL = click.option(
     "--url",

@@ -4,7 +4,7 @@ are under their thresholds, 1 otherwise; usable as a container probe.
 It measures what `bufstore status` reports (backlog from the consumer info; lag as the
 age of the oldest entry above its thread's flushed mark), but bounded and free of side
 effects, as a probe must be: one plain NATS connection that creates and validates
-nothing (`status` goes through `Wal.connect`, which creates missing objects and rejects
+nothing (`status` goes through `NatsWal.connect`, which creates missing objects and rejects
 a consumer whose settings differ from the caller's), and at most `SCAN_LIMIT` direct
 gets of the tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every
 check is bounded by ``--timeout``.
@@ -190,41 +190,28 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
     first `scan_limit` entries of the unacknowledged tail: the tail is in stream order,
     so the oldest entries are always read; beyond it `pending_threads` is a lower bound.
     """
-    import nats
+    from buffered_store.engine.ids import utcnow
+    from buffered_store.engine.keys import flushed_key
+    from buffered_store.engine.threadlog import group_by_thread, read_tail
+    from buffered_store.nats import NatsWal
+    from buffered_store.threadrun.entry import decode_flushed
 
-    from buffered_store.entry import decode_flushed
-    from buffered_store.flushing import group_by_thread, read_tail
-    from buffered_store.keys import flushed_key
-    from buffered_store.records import utcnow
-    from buffered_store.wal import Wal, translated
-
-    async with translated(f"connect to {config.nats_url}"):
-        nc = await nats.connect(
-            servers=config.servers,
-            name="bufstore-health",
-            user_credentials=config.credentials_option(),
-            connect_timeout=timeout_s,
-            allow_reconnect=False,
-            # nats-py treats 0 as "retry forever" when choosing a server: allow one retry.
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=_quiet,
-        )
+    wal = await NatsWal.connect(
+        config,
+        name="bufstore-health",
+        setup="open",
+        reconnect=False,
+        connect_timeout_s=timeout_s,
+    )
     try:
-        wal = Wal(nc, config)
-        async with translated("read the flusher consumer"):
-            consumer, stream = await asyncio.gather(
-                wal.js.consumer_info(config.stream_name, config.consumer_name),
-                wal.js.stream_info(config.stream_name),
-            )
-            hot = await wal.js.key_value(config.hot_bucket)
-        backlog = int(consumer.num_pending or 0) + int(consumer.num_ack_pending or 0)
-        first = (consumer.ack_floor.stream_seq if consumer.ack_floor else 0) + 1
-        last = int(stream.state.last_seq)
+        consumer = await wal.consumer_state()
+        backlog = consumer.num_pending + consumer.num_ack_pending
+        first = consumer.ack_floor + 1
+        last = consumer.last_seq
         by_thread = group_by_thread(
             await read_tail(wal, config, first, min(last, first + scan_limit - 1))
         )
-        marks = await asyncio.gather(*(wal.kv_get(flushed_key(t), bucket=hot) for t in by_thread))
+        marks = await wal.kv_get_many([flushed_key(t) for t in by_thread])
         now = utcnow()
         oldest = [
             next(e.at for e in entries if e.seq > flushed)
@@ -239,7 +226,7 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
             complete=last - first < scan_limit,
         )
     finally:
-        await nc.close()
+        await wal.close()
 
 
 async def _postgres_check(database_url: str | None, timeout_s: float) -> Check:
@@ -257,7 +244,7 @@ async def ping_postgres(database_url: str, timeout_s: float) -> float:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from buffered_store.migrate import normalize_url
+    from buffered_store.stores.migrate import normalize_url
 
     url = make_url(normalize_url(database_url)).set(drivername="postgresql")
     started = time.perf_counter()
@@ -274,10 +261,6 @@ async def ping_postgres(database_url: str, timeout_s: float) -> float:
 async def _bounded(make: Callable[[], Awaitable[T]], timeout_s: float) -> T:
     async with asyncio.timeout(timeout_s):
         return await make()
-
-
-async def _quiet(exc: Exception) -> None:
-    """The probe reports failures itself; the client's own error log would only repeat."""
 
 
 def _describe(exc: BaseException) -> str:

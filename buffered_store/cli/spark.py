@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from buffered_store.cli.common import require, store_options
-from buffered_store.records import ReadConsistency
+from buffered_store.config import ReadConsistency
 
 JOBS = ("run-stats", "export")
 

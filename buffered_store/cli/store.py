@@ -37,8 +37,8 @@ def force_flush(
     url = require(database_url, "--database-url")
 
     async def main() -> None:
-        from buffered_store.buffered import BufferedThreadRunStore
-        from buffered_store.postgres import PostgresThreadRunStore
+        from buffered_store.stores.postgres import PostgresThreadRunStore
+        from buffered_store.threadrun.store import BufferedThreadRunStore
 
         inner = await PostgresThreadRunStore.connect(url, schema=schema)
         try:
@@ -91,18 +91,15 @@ def status(
 
 async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
     """The status report as a dict (shared by `status --json` and health checks)."""
-    from buffered_store.entry import decode_flushed
-    from buffered_store.flushing import ThreadLog, group_by_thread, tail_entries
-    from buffered_store.keys import flushed_key
-    from buffered_store.records import utcnow
-    from buffered_store.wal import Wal
+    from buffered_store.engine.ids import utcnow
+    from buffered_store.engine.keys import flushed_key
+    from buffered_store.engine.threadlog import ThreadLog, group_by_thread, tail_entries
+    from buffered_store.nats import NatsWal
+    from buffered_store.threadrun.entry import decode_flushed
 
-    wal = await Wal.connect(config, name="bufstore-status")
+    wal = await NatsWal.connect(config, name="bufstore-status")
     try:
-        consumer, stream = await asyncio.gather(
-            wal.js.consumer_info(config.stream_name, config.consumer_name),
-            wal.js.stream_info(config.stream_name),
-        )
+        consumer = await wal.consumer_state()
         tail = await tail_entries(wal, config)
         by_thread = group_by_thread(tail)
         log = ThreadLog(wal, config)
@@ -132,14 +129,14 @@ async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
         rows.sort(key=lambda r: -float(r["lag_s"]))
         return {
             "stream": config.stream_name,
-            "stream_messages": stream.state.messages,
-            "last_seq": stream.state.last_seq,
+            "stream_messages": consumer.messages,
+            "last_seq": consumer.last_seq,
             "consumer": {
                 "name": config.consumer_name,
                 "num_pending": consumer.num_pending,
                 "num_ack_pending": consumer.num_ack_pending,
                 "num_redelivered": consumer.num_redelivered,
-                "ack_floor": consumer.ack_floor.stream_seq if consumer.ack_floor else 0,
+                "ack_floor": consumer.ack_floor,
             },
             "tail_entries": len(tail),
             "pending_threads": len(rows),

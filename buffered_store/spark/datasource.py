@@ -23,7 +23,6 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-import nats
 import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -40,11 +39,11 @@ from pyspark.sql.types import (
 )
 
 from buffered_store.config import EngineConfig
-from buffered_store.entry import WalEntry, decode_entry_roles
+from buffered_store.engine.keys import thread_from_subject
 from buffered_store.errors import ConfigError, CorruptEntryError
-from buffered_store.keys import thread_from_subject
-from buffered_store.records import RunRecord
-from buffered_store.wal import Wal, translated
+from buffered_store.nats import NatsWal
+from buffered_store.threadrun.entry import WalEntry, decode_entry_roles
+from buffered_store.threadrun.records import RunRecord
 
 T = TypeVar("T")
 
@@ -223,17 +222,9 @@ def split_range(first: int, last: int, partitions: int, min_size: int) -> list[t
     return [(lo, min(last, lo + size - 1)) for lo in range(first, last + 1, size)]
 
 
-async def open_wal(config: EngineConfig) -> Wal:
+async def open_wal(config: EngineConfig) -> NatsWal:
     """A read-only WAL handle: connects without creating or checking any server object."""
-    async with translated(f"connect to {config.nats_url}"):
-        nc = await nats.connect(
-            servers=config.servers,
-            name="bufstore-spark",
-            user_credentials=config.credentials_option(),
-            connect_timeout=config.request_timeout_s,
-            allow_reconnect=False,
-        )
-    return Wal(nc, config)
+    return await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect=False)
 
 
 def tail_bounds(config: EngineConfig) -> tuple[int, int]:
@@ -295,7 +286,7 @@ def run_row(run: RunRecord) -> dict[str, Any]:
 
 
 async def read_entries(
-    wal: Wal, config: EngineConfig, first: int, last: int
+    wal: NatsWal, config: EngineConfig, first: int, last: int
 ) -> list[tuple[WalEntry, tuple[str, ...]]]:
     """Decodable thread entries with stream seq in ``[first, last]`` and their messages'
     roles, in stream order; skips what `flushing.read_tail` skips (the flusher

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 from pyspark.sql import DataFrame, SparkSession
 
-from buffered_store.devservices import jdbc_url_from_url, to_libpq_url
+from buffered_store.dev.services import jdbc_url_from_url, to_libpq_url
 from buffered_store.errors import ConfigError
 
 POSTGRES_DRIVER_CLASS = "org.postgresql.Driver"

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from buffered_store.records import ReadConsistency
+from buffered_store.config import ReadConsistency
 from buffered_store.spark.overlay import StoreSource, consistent_tables, read_tables
 
 JOBS = ("run-stats", "export")

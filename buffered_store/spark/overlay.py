@@ -44,9 +44,8 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from buffered_store.config import BufferedStoreConfig, EngineConfig
+from buffered_store.config import BufferedStoreConfig, EngineConfig, ReadConsistency
 from buffered_store.errors import ConfigError
-from buffered_store.records import ReadConsistency
 from buffered_store.spark.condense import CondensedTable, condense_table
 from buffered_store.spark.datasource import (
     ENTRY_ARROW,
@@ -368,8 +367,8 @@ def flush_all(source: StoreSource) -> int:
         config = BufferedStoreConfig(**shared, drain_on_close=False)
 
     async def flush() -> int:
-        from buffered_store.buffered import BufferedThreadRunStore
-        from buffered_store.postgres import PostgresThreadRunStore
+        from buffered_store.stores.postgres import PostgresThreadRunStore
+        from buffered_store.threadrun.store import BufferedThreadRunStore
 
         inner = await PostgresThreadRunStore.connect(url, schema=source.jdbc.schema)
         try:

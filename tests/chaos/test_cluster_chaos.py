@@ -29,15 +29,15 @@ from pathlib import Path
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devcluster import NatsCluster
-from buffered_store.entry import EntryKind, WalEntry, decode_entry
+from buffered_store.dev.cluster import NatsCluster
+from buffered_store.engine.keys import wal_subject
 from buffered_store.errors import StoreError
-from buffered_store.keys import wal_subject
-from buffered_store.records import Message
+from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_run
-from buffered_store.wal import Wal
+from buffered_store.threadrun.entry import EntryKind, WalEntry, decode_entry
+from buffered_store.threadrun.records import Message
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.e2e.conftest import child_env
 from tests.integration.conftest import PostgresFactory, unique_names
 
@@ -183,7 +183,7 @@ async def until_flushers_caught_up(
         await asyncio.sleep(0.1)
 
 
-async def subject_entries(wal: Wal, stream: str, thread: str) -> list[WalEntry]:
+async def subject_entries(wal: NatsWal, stream: str, thread: str) -> list[WalEntry]:
     """Every entry on the thread's WAL subject, in stream order (read from the leader)."""
     subject = wal_subject(stream, thread)
     out: list[WalEntry] = []
@@ -328,7 +328,7 @@ async def test_killing_a_follower_then_the_leader_loses_no_acknowledged_checkpoi
     for thread in threads:
         await store.force_flush(thread, timeout=30)
 
-    reader = await Wal.connect(config, name="chaos-check")
+    reader = await NatsWal.connect(config, name="chaos-check")
     try:
         problems: list[str] = []
         for thread in threads:

@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 
 from buffered_store import Message, RunRecord, RunStatus, Thread, ThreadRunStore
-from buffered_store.checkpointing import (
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.testing import InnerStore, make_messages, make_run
+from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.entry import WalEntry, decode_entry, encode_entry
-from buffered_store.target import ApplyStatus, FlushTarget
-from buffered_store.testing import InnerStore, make_messages, make_run
+from buffered_store.threadrun.entry import WalEntry, decode_entry, encode_entry
+from buffered_store.threadrun.target import FlushTarget
 
 from .helpers import T0, fresh_id
 

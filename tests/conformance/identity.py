@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from buffered_store import ThreadRunStore
+from buffered_store.engine.ids import MAX_ID_BYTES
 from buffered_store.errors import ValidationError
-from buffered_store.records import MAX_ID_BYTES
 
 from .helpers import fresh_id, make_messages, make_run
 

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from buffered_store.flushing import ThreadLog
+from buffered_store.engine.threadlog import ThreadLog
 from tests.e2e.conftest import child_env
 from tests.e2e.procs.writer import snapshot
 from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory

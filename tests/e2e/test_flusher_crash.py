@@ -26,10 +26,10 @@ import uuid
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.flushing import ThreadLog
-from buffered_store.records import Message, RunRecord
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.testing import InnerStore, make_run
+from buffered_store.threadrun.records import Message, RunRecord
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.e2e.conftest import child_env
 from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory
 
@@ -113,7 +113,7 @@ async def stop_process(proc: asyncio.subprocess.Process) -> bytes:
 
 
 async def consumer_idle(store: BufferedThreadRunStore) -> bool:
-    info = await store.wal.js.consumer_info(store.config.stream_name, store.config.consumer_name)
+    info = await store.wal.consumer_state()
     return not info.num_pending and not info.num_ack_pending
 
 

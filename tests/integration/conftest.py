@@ -10,18 +10,20 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import nats
 import psycopg
 import pytest
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import to_libpq_url
-from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.config import BufferedStoreConfig, EngineConfig
+from buffered_store.dev.services import to_libpq_url
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import InnerStore
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 ConfigFactory = Callable[..., BufferedStoreConfig]
 StoreFactory = Callable[..., Awaitable[BufferedThreadRunStore]]
@@ -39,6 +41,17 @@ def unique_names() -> dict[str, str]:
         "quarantine_bucket": f"quar_{token}",
         "consumer_name": f"flusher_{token}",
     }
+
+
+@asynccontextmanager
+async def jetstream(config: EngineConfig) -> AsyncIterator[JetStreamContext]:
+    """A JetStream context on a connection of the test's own, to look at (or tamper with)
+    what the store keeps on the server; the store's adapter hands out no nats objects."""
+    nc = await nats.connect(servers=config.servers, allow_reconnect=False, connect_timeout=5)
+    try:
+        yield nc.jetstream(timeout=5)
+    finally:
+        await nc.close()
 
 
 async def delete_wal_objects(nats_url: str, config: BufferedStoreConfig) -> None:
@@ -95,7 +108,7 @@ async def open_postgres(database_url: str, schema_name: str) -> AsyncIterator[Po
     Each call is a separate store with its own connection pool, like a separate process;
     all are closed and the schema is dropped after the test.
     """
-    from buffered_store.postgres import PostgresThreadRunStore
+    from buffered_store.stores.postgres import PostgresThreadRunStore
 
     opened: list[Any] = []
 
@@ -199,7 +212,8 @@ def subject_counts() -> SubjectCounter:
     """Messages per subject in a store's WAL stream, as the server counts them."""
 
     async def count(store: BufferedThreadRunStore) -> dict[str, int]:
-        info = await store.wal.js.stream_info(store.config.stream_name, subjects_filter=">")
+        async with jetstream(store.config) as js:
+            info = await js.stream_info(store.config.stream_name, subjects_filter=">")
         return dict(info.state.subjects or {})
 
     return count

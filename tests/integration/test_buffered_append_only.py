@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
+from buffered_store.engine.keys import wal_subject
 from buffered_store.errors import PayloadTooLargeError
-from buffered_store.keys import wal_subject
 from buffered_store.testing import make_messages, make_run
 from tests.integration.conftest import InnerPair, RowsReader, StoreFactory, SubjectCounter
 

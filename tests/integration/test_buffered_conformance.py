@@ -31,20 +31,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import to_libpq_url
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import (
+from buffered_store.config import BufferedStoreConfig, ReadConsistency
+from buffered_store.dev.services import to_libpq_url
+from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.testing import InnerStore
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import (
     CheckpointReceipt,
     Message,
-    ReadConsistency,
     RunRecord,
     RunStatus,
     Thread,
 )
-from buffered_store.testing import InnerStore
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.conformance.suite import ThreadRunStoreContract
 from tests.integration.conftest import delete_wal_objects, unique_names
 
@@ -141,7 +140,7 @@ class Backend:
         self._empty_schema = ""
 
     async def _postgres(self) -> InnerStore:
-        from buffered_store.postgres import PostgresThreadRunStore
+        from buffered_store.stores.postgres import PostgresThreadRunStore
 
         schema = f"cb_{uuid.uuid4().hex[:16]}"
         self.schemas.append(schema)

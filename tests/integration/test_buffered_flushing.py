@@ -13,14 +13,14 @@ import uuid
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.entry import WalEntry
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, FlushTimeoutError, StoreError
-from buffered_store.flushing import ThreadLog
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import Message, RunRecord
-from buffered_store.target import ApplyStatus
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.records import Message, RunRecord
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import StoreFactory
 
 

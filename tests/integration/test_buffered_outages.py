@@ -14,12 +14,13 @@ from collections import Counter
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.devservices import Services
+from buffered_store.dev.services import Services
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import CommitUnknownError, StoreError, WalUnavailableError
-from buffered_store.flushing import ThreadLog
-from buffered_store.memory import InMemoryThreadRunStore
+from buffered_store.nats import NatsWal
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import InnerStore, make_messages, make_run
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import StoreFactory
 
 WRITERS = 6
@@ -106,7 +107,8 @@ async def test_nats_restart_under_load(
         assert getattr(nats, "pid", None) != pid_before
         restarted.set()
         await writers
-        assert store.wal.nc.stats["reconnects"] >= 1, "the store never saw the restart"
+        assert isinstance(store.wal, NatsWal)
+        assert store.wal.reconnects >= 1, "the store never saw the restart"
     finally:
         restarted.set()
         if not writers.done():

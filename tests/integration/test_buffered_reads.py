@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-from buffered_store.records import ReadConsistency, RunStatus
+from buffered_store.config import ReadConsistency
 from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.records import RunStatus
 from tests.integration.conftest import InnerPair, StoreFactory
 
 

@@ -11,21 +11,21 @@ from typing import Any
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
+from buffered_store.engine.appender import Writer
+from buffered_store.engine.keys import hot_key, wal_subject
+from buffered_store.engine.pending import FLOOR_KEY, decode_floor
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import (
     CommitUnknownError,
     DatabaseUnavailableError,
     RunOwnershipError,
     WalUnavailableError,
 )
-from buffered_store.flushing import ThreadLog
-from buffered_store.keys import hot_key, wal_subject
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.pending import FLOOR_KEY, decode_floor
-from buffered_store.records import CheckpointReceipt
-from buffered_store.target import StoredThread
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.writer import Writer
+from buffered_store.threadrun.records import CheckpointReceipt
+from buffered_store.threadrun.store import BufferedThreadRunStore
+from buffered_store.threadrun.target import StoredThread
 from tests.integration.conftest import InnerPair, StoreFactory, SubjectCounter
 
 
@@ -493,7 +493,7 @@ async def test_legacy_thread_whose_subject_holds_only_unreadable_messages_contin
         await first_inner.checkpoint(thread, make_messages(n), run)
     writer = await open_store(first_inner, drain_on_close=False)
     subject = wal_subject(writer.config.stream_name, thread)
-    await writer.wal.js.publish(subject, b"not an entry")
+    await writer.wal.append(subject, b"not an entry")
     receipt = await writer.checkpoint(thread, make_messages(4), run.replace(steps=4))
     assert receipt.thread_seq == 4
     reader = await open_store(second_inner, drain_on_close=False)

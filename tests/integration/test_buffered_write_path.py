@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
-from buffered_store.entry import EntryKind, WalEntry, encode_entry
+from buffered_store.engine.appender import Writer
+from buffered_store.engine.ids import utcnow
+from buffered_store.engine.keys import hot_key, msg_id, wal_subject
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import (
     CommitUnknownError,
     ConfigError,
@@ -22,13 +24,11 @@ from buffered_store.errors import (
     ValidationError,
     WalUnavailableError,
 )
-from buffered_store.flushing import ThreadLog
-from buffered_store.keys import hot_key, msg_id, wal_subject
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import utcnow
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.writer import Writer
-from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter
+from buffered_store.threadrun.entry import EntryKind, WalEntry, encode_entry
+from buffered_store.threadrun.store import BufferedThreadRunStore
+from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter, jetstream
 
 
 def tid(prefix: str = "t") -> str:
@@ -172,7 +172,7 @@ async def test_wrapping_a_store_that_already_holds_the_thread_continues_its_seqs
 
 def encode_entry_of_messages(thread: str, count: int) -> bytes:
     """Wire size reference: an entry carrying `count` whole messages."""
-    from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
+    from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 
     call = validate_checkpoint(thread, make_messages(count), make_run(thread), None)
     entry = build_checkpoint_entry(call, previous=None, previous_messages=None, seq=1, now=utcnow())
@@ -375,13 +375,13 @@ async def test_garbage_on_a_thread_subject_breaks_neither_writers_nor_readers(
         message_count=0,
     )
     for junk in (b"not-json", encode_entry(foreign), encode_entry(forged), b"{}"):
-        await store.wal.js.publish(subject, junk)
+        await store.wal.append(subject, junk)
 
     cold = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
     assert await cold.load_messages(thread) == make_messages(2)
     assert await store.load_messages(thread) == make_messages(2)
     assert (await store.checkpoint(thread, make_messages(3), run)).thread_seq == 3
-    await store.wal.js.publish(subject, b"not-json")
+    await store.wal.append(subject, b"not-json")
     assert (await cold.checkpoint(thread, make_messages(4), run)).thread_seq == 4
     assert (await store.checkpoint(thread, make_messages(5), run)).thread_seq == 5
     assert await cold.load_messages(thread) == make_messages(5)
@@ -458,15 +458,15 @@ async def test_second_connect_reuses_stream_buckets_and_consumer(
     first = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
     thread = tid()
     await first.checkpoint(thread, make_messages(2), make_run(thread))
-    js = first.wal.js
-    stream_before = await js.stream_info(config.stream_name)
-    consumer_before = await js.consumer_info(config.stream_name, config.consumer_name)
-    hot_before = await js.stream_info(f"KV_{config.hot_bucket}")
+    async with jetstream(config) as js:
+        stream_before = await js.stream_info(config.stream_name)
+        consumer_before = await js.consumer_info(config.stream_name, config.consumer_name)
+        hot_before = await js.stream_info(f"KV_{config.hot_bucket}")
 
-    second = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
-    assert (await js.stream_info(config.stream_name)).created == stream_before.created
-    consumer_after = await js.consumer_info(config.stream_name, config.consumer_name)
-    assert consumer_after.created == consumer_before.created
-    assert (await js.stream_info(f"KV_{config.hot_bucket}")).created == hot_before.created
+        second = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
+        assert (await js.stream_info(config.stream_name)).created == stream_before.created
+        consumer_after = await js.consumer_info(config.stream_name, config.consumer_name)
+        assert consumer_after.created == consumer_before.created
+        assert (await js.stream_info(f"KV_{config.hot_bucket}")).created == hot_before.created
     assert await second.load_messages(thread) == make_messages(2)
     assert (await second.checkpoint(thread, make_messages(3), make_run(thread))).thread_seq == 2

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devcluster import NatsCluster
+from buffered_store.dev.cluster import NatsCluster
+from buffered_store.engine.keys import hot_key
 from buffered_store.errors import WalUnavailableError
-from buffered_store.keys import hot_key
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import Message
+from buffered_store.nats import NatsWal
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import make_run
-from buffered_store.wal import Wal
-from tests.integration.conftest import unique_names
+from buffered_store.threadrun.records import Message
+from buffered_store.threadrun.store import BufferedThreadRunStore
+from tests.integration.conftest import jetstream, unique_names
 
 ROUNDS = 150
 """Write-then-read pairs; a stale-read rate of a few percent shows up many times over."""
@@ -72,9 +72,10 @@ async def test_the_cluster_elects_a_new_stream_leader_when_the_leader_is_killed(
     nats_cluster: NatsCluster, cluster_config: ClusterConfig
 ) -> None:
     config = cluster_config()
-    wal = await Wal.connect(config)
+    wal = await NatsWal.connect(config)
     try:
-        info = await wal.js.stream_info(config.stream_name)
+        async with jetstream(config) as js:
+            info = await js.stream_info(config.stream_name)
         assert info.cluster is not None
         assert info.cluster.leader is not None
         assert len(info.cluster.replicas or []) == 2  # three copies in all
@@ -105,7 +106,7 @@ async def test_another_instance_reads_every_acknowledged_checkpoint(
     every read returns the checkpoint just acknowledged (it failed with direct gets)."""
     inner = InMemoryThreadRunStore()
     writer = await open_cluster_store(inner, cluster_config(drain_on_close=False))
-    await writer.wal.js.stream_info(writer.config.stream_name)
+    await writer.wal.last_seq()  # the stream has a leader and answers
     follower = nats_cluster.follower_of(writer.config.stream_name)
     reader = await open_cluster_store(
         inner, cluster_config(nats_url=nats_cluster.nodes[follower].url, drain_on_close=False)
@@ -131,9 +132,9 @@ async def test_replicated_reads_go_to_the_leader_and_single_replica_reads_stay_d
         ({"replicas": 1, **unique_names()}, False),
     ):
         config = cluster_config(**overrides)
-        wal = await Wal.connect(config)
+        wal = await NatsWal.connect(config)
         try:
-            subjects = record_request_subjects(wal)
+            subjects = wal.record_requests()
             subject = f"{config.stream_name}.t.x"
             seq, _ = await wal.publish(subject, b"e", msg_id="m", expected_last_subject_seq=0)
             await wal.kv_put(hot_key("x"), b"h")
@@ -150,7 +151,7 @@ async def test_replicated_reads_go_to_the_leader_and_single_replica_reads_stay_d
             await wal.close()
 
 
-async def publish_when_available(wal: Wal, subject: str, *, timeout_s: float = 30.0) -> int:
+async def publish_when_available(wal: NatsWal, subject: str, *, timeout_s: float = 30.0) -> int:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -159,16 +160,3 @@ async def publish_when_available(wal: Wal, subject: str, *, timeout_s: float = 3
         except WalUnavailableError:
             if time.monotonic() > deadline:
                 raise
-
-
-def record_request_subjects(wal: Wal) -> list[str]:
-    """Subjects of every request the Wal's connection sends from now on."""
-    seen: list[str] = []
-    original = wal.nc.request
-
-    async def request(subject: str, *args: Any, **kwargs: Any) -> Any:
-        seen.append(subject)
-        return await original(subject, *args, **kwargs)
-
-    wal.nc.request = request  # type: ignore[method-assign]
-    return seen

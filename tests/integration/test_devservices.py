@@ -1,4 +1,4 @@
-"""buffered_store.devservices against real nats-server and PostgreSQL processes."""
+"""buffered_store.dev.services against real nats-server and PostgreSQL processes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from nats.js.errors import NoStreamResponseError
 
-from buffered_store import devservices as ds
+from buffered_store.dev import services as ds
 
 pytestmark = pytest.mark.integration
 
@@ -241,7 +241,7 @@ def test_module_entry_point_prints_urls_and_cleans_up(tmp_path: Path) -> None:
         if k not in ("NATS_URL", "DATABASE_URL", "BUFSTORE_SERVICES")
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "buffered_store.devservices"],
+        [sys.executable, "-m", "buffered_store.dev.services"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -25,22 +25,31 @@ from typing import Any, cast
 import pytest
 from nats.aio.msg import Msg
 
-from buffered_store import records
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.config import EngineConfig
-from buffered_store.devservices import NatsServer
-from buffered_store.entry import HotRecord, WalEntry, advance_hot, encode_entry, encode_hot
+from buffered_store.dev.services import NatsServer
+from buffered_store.engine import ids
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ids import MAX_ID_BYTES, utcnow
+from buffered_store.engine.keys import hot_key, msg_id, wal_subject
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import WalUnavailableError
-from buffered_store.flushing import ThreadLog
-from buffered_store.keys import hot_key, msg_id, wal_subject
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import MAX_ID_BYTES, Message, RunRecord, Thread, utcnow
-from buffered_store.target import ApplyOutcome, ApplyStatus, FlushTarget
+from buffered_store.nats import NatsWal
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import (
+    HotRecord,
+    WalEntry,
+    advance_hot,
+    encode_entry,
+    encode_hot,
+)
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import Message, RunRecord, Thread
+from buffered_store.threadrun.target import FlushTarget
 from flusher import Flusher, FlusherConfig
 from flusher.quarantine import QuarantineKind, list_quarantine, replay
-from tests.integration.conftest import ConfigFactory, PostgresFactory
+from tests.integration.conftest import ConfigFactory, PostgresFactory, jetstream
 
 FAST: dict[str, Any] = {
     "flush_interval_s": 0.05,
@@ -126,9 +135,9 @@ def fconfig(make_config: ConfigFactory) -> FlusherConfig:
 
 @pytest.fixture
 async def wal(fconfig: FlusherConfig) -> AsyncIterator[Any]:
-    from buffered_store.wal import Wal
+    from buffered_store.nats import NatsWal
 
-    opened = await Wal.connect(fconfig, name="test-writer")
+    opened = await NatsWal.connect(fconfig, name="test-writer")
     yield opened
     await opened.close()
 
@@ -184,7 +193,7 @@ def counters(inner: Any) -> dict[str, int]:
 
 
 async def consumer_state(wal: Any) -> tuple[int, int]:
-    info = await wal.js.consumer_info(wal.config.stream_name, wal.config.consumer_name)
+    info = await wal.consumer_state()
     return int(info.num_pending), int(info.num_ack_pending)
 
 
@@ -311,11 +320,9 @@ async def test_missing_earlier_entries_are_fetched_from_the_stream(
     for step in range(1, 5):
         await writer.checkpoint(thread, make_messages(step))
     # Another consumer of the durable takes entries 1-2 and sits on them.
-    thief = await wal.js.pull_subscribe_bind(
-        durable=fconfig.consumer_name, stream=fconfig.stream_name
-    )
-    stolen = await thief.fetch(2, timeout=2)
-    assert [m.metadata.sequence.stream for m in stolen] == [1, 2]
+    thief = await wal.subscribe()
+    stolen = await thief.fetch(2, 2)
+    assert [m.stream_seq for m in stolen] == [1, 2]
     service = await start(flushers, inner, fconfig)
     await flushed_to(inner, {thread: 4})
     assert await inner.load_messages(thread) == make_messages(4)
@@ -326,7 +333,7 @@ async def test_missing_earlier_entries_are_fetched_from_the_stream(
         await msg.nak()
     await service.wait_idle()
     assert service.stats()["stale_entries"] >= 2
-    await thief.unsubscribe()
+    await thief.close()
 
 
 # -- failures ---------------------------------------------------------------------------------
@@ -359,7 +366,6 @@ async def test_database_errors_are_retried_until_the_data_arrives(
 async def test_database_outage_holds_messages_and_flushes_once_back(
     make_config: ConfigFactory, flushers: list[Flusher]
 ) -> None:
-    from buffered_store.wal import Wal
 
     config = FlusherConfig.from_store_config(make_config(), **{**FAST, "ack_wait_s": 1.0})
     inner = InMemoryThreadRunStore()
@@ -377,7 +383,7 @@ async def test_database_outage_holds_messages_and_flushes_once_back(
     await flushed_to(inner, {thread: 3})
     await service.wait_idle()
     assert service.stats()["db_retry_episodes"] == 1
-    assert isinstance(service.wal, Wal)
+    assert isinstance(service.wal, NatsWal)
 
 
 # -- poison -----------------------------------------------------------------------------------
@@ -431,7 +437,8 @@ async def test_garbage_is_dropped_after_bounded_deliveries_without_a_bucket(
 ) -> None:
     config = replace(fconfig, poison_attempts=2)
     service = await start(flushers, InMemoryThreadRunStore(), config)
-    await wal.js.delete_key_value(fconfig.quarantine_bucket)  # after start re-created it
+    async with jetstream(fconfig) as js:  # after start re-created it
+        await js.delete_key_value(fconfig.quarantine_bucket)
     thread = tid()
     await writer.raw(thread, b"not-json")
     await eventually(
@@ -621,7 +628,7 @@ async def test_generic_target_over_a_plain_store(
 
 
 async def test_recovers_from_a_nats_server_restart(flushers: list[Flusher]) -> None:
-    from buffered_store.wal import Wal
+    from buffered_store.nats import NatsWal
 
     server = NatsServer()
     await asyncio.to_thread(server.start)
@@ -635,7 +642,7 @@ async def test_recovers_from_a_nats_server_restart(flushers: list[Flusher]) -> N
             consumer_name=f"c{token}",
             **FAST,
         )
-        wal = await Wal.connect(config, name="test-writer")
+        wal = await NatsWal.connect(config, name="test-writer")
         writer = Writer(wal)
         inner = InMemoryThreadRunStore()
         service = await start(flushers, inner, config)
@@ -802,7 +809,7 @@ def _cjk(count: int, start: int) -> str:
 def older_id_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Accept ids as long as a version that counted characters did, so entries the
     database rejects can reach the WAL and `apply()`, as they did before the fix."""
-    monkeypatch.setattr(records, "MAX_ID_BYTES", 4 * MAX_ID_BYTES)
+    monkeypatch.setattr(ids, "MAX_ID_BYTES", 4 * MAX_ID_BYTES)
 
 
 @pytest.mark.usefixtures("older_id_limit")
@@ -866,13 +873,15 @@ async def test_deleted_consumer_is_created_again_and_flushing_resumes(
     with caplog.at_level(logging.WARNING, logger="flusher.intake"):
         # An operator (or a stream reset script) deletes the consumer under the flusher:
         # nats-py then fails every fetch with "no responders", also after re-binding.
-        await wal.js.delete_consumer(fconfig.stream_name, fconfig.consumer_name)
+        async with jetstream(fconfig) as js:
+            await js.delete_consumer(fconfig.stream_name, fconfig.consumer_name)
         await writer.checkpoint(first, make_messages(2))
         await writer.checkpoint(second, make_messages(1))
         await flushed_to(inner, {first: 2, second: 1})
     assert service.stats()["consumers_recreated"] == 1
     assert [r for r in caplog.records if getattr(r, "action", None) == "consumer_recreated"]
-    info = await wal.js.consumer_info(fconfig.stream_name, fconfig.consumer_name)
+    async with jetstream(fconfig) as js:
+        info = await js.consumer_info(fconfig.stream_name, fconfig.consumer_name)
     assert info.config.ack_wait == fconfig.ack_wait_s
     await service.wait_idle()
 

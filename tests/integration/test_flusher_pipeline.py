@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.entry import WalEntry
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import utcnow
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ids import utcnow
+from buffered_store.nats import NatsWal
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.wal import Wal
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import WalEntry
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import ConfigFactory
 from tests.integration.test_flusher import (
@@ -40,7 +40,7 @@ def fconfig(make_config: ConfigFactory) -> FlusherConfig:
 
 @pytest.fixture
 async def writer(fconfig: FlusherConfig) -> AsyncIterator[Writer]:
-    opened = await Wal.connect(fconfig, name="test-writer")
+    opened = await NatsWal.connect(fconfig, name="test-writer")
     yield Writer(opened)
     await opened.close()
 

@@ -1,4 +1,4 @@
-"""The Alembic migrations: they build exactly the tables of `buffered_store.schema`, and
+"""The Alembic migrations: they build exactly the tables of `buffered_store.stores.schema`, and
 concurrent ``bufstore db upgrade`` processes on one fresh schema all succeed."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
-from buffered_store import migrate
-from buffered_store.schema import metadata
+from buffered_store.stores import migrate
+from buffered_store.stores.schema import metadata
 
 _CATALOG = {
     "columns": """

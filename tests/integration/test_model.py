@@ -50,19 +50,19 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import to_libpq_url
+from buffered_store.dev.services import to_libpq_url
+from buffered_store.engine.keys import hot_key
+from buffered_store.engine.ports import Wal
 from buffered_store.errors import (
     CommitUnknownError,
     RunOwnershipError,
     StoreError,
     WalUnavailableError,
 )
-from buffered_store.keys import hot_key
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.records import CheckpointReceipt, Message, RunRecord
-from buffered_store.wal import Wal
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import delete_wal_objects, unique_names
 

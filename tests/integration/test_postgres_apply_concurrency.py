@@ -16,11 +16,11 @@ import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from buffered_store.entry import WalEntry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import ConflictError
-from buffered_store.messages import decode_message
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.messages import decode_message
 from tests.integration.conftest import PostgresFactory
 from tests.integration.test_postgres_store import Chain, msgs
 

@@ -14,23 +14,25 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
-from buffered_store import postgres_sql as sql
-from buffered_store.checkpointing import (
-    build_checkpoint_entry,
-    build_delete_entry,
-    validate_checkpoint,
-)
-from buffered_store.entry import EntryKind, WalEntry
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.ids import utcnow
 from buffered_store.errors import (
     DatabaseUnavailableError,
     SchemaError,
     StoreClosedError,
     ValidationError,
 )
-from buffered_store.messages import decode_message
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.records import Message, RunRecord, RunStatus, Thread, utcnow
-from buffered_store.target import ApplyStatus, FlushTarget
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    validate_checkpoint,
+)
+from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.messages import decode_message
+from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
+from buffered_store.threadrun.target import FlushTarget
 
 # -- fixtures and helpers -------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from buffered_store.wal import ReplyInbox
+from buffered_store.nats.wal import ReplyInbox
 
 
 @pytest.fixture

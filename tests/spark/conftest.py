@@ -21,13 +21,13 @@ import pytest
 from nats.js.errors import NotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import Services, to_libpq_url
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.records import RunRecord, Thread
+from buffered_store.dev.services import Services, to_libpq_url
 from buffered_store.spark.overlay import StoreSource
 from buffered_store.spark.session import spark_session
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.records import RunRecord, Thread
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 
 @pytest.fixture(scope="session")

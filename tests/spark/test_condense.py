@@ -17,11 +17,7 @@ from typing import Any
 import pytest
 
 from buffered_store.config import EngineConfig
-from buffered_store.entry import EntryKind, WalEntry
 from buffered_store.errors import ConfigError
-from buffered_store.messages import diff_snapshot, encode_messages
-from buffered_store.planning import ThreadView, fold
-from buffered_store.records import RunRecord
 from buffered_store.spark.datasource import (
     ENTRY_SCHEMA,
     Condensed,
@@ -32,6 +28,10 @@ from buffered_store.spark.datasource import (
     tail_options,
 )
 from buffered_store.spark.jdbc import JdbcSource, id_set_sql, overlay_runs_sql
+from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.messages import diff_snapshot, encode_messages
+from buffered_store.threadrun.planning import ThreadView, fold
+from buffered_store.threadrun.records import RunRecord
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -20,8 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffered_store.entry import decode_entry_roles, encode_entry
-from buffered_store.planning import fold
 from buffered_store.spark.condense import (
     OVERLAY_ARROW,
     RUN_VERSION_ARROW,
@@ -29,6 +27,8 @@ from buffered_store.spark.condense import (
     condense_table,
 )
 from buffered_store.spark.datasource import ENTRY_ARROW, Condensed, condense_tail, entry_batch
+from buffered_store.threadrun.entry import decode_entry_roles, encode_entry
+from buffered_store.threadrun.planning import fold
 
 from .test_condense import as_dict, history, merged, stored_view
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from buffered_store.cli import main as cli
-from buffered_store.records import ReadConsistency, RunRecord, RunStatus
+from buffered_store.config import ReadConsistency
 from buffered_store.spark.jobs import (
     RUN_STATS_COLUMNS,
     export_tables,
@@ -22,6 +22,7 @@ from buffered_store.spark.jobs import (
     run_stats,
 )
 from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.records import RunRecord, RunStatus
 from tests.spark.conftest import StoreEnv, spark_view, store_view
 
 # The first Spark test of a run also starts the session and the Python workers.

@@ -7,12 +7,13 @@ import random
 import pytest
 from pyspark.sql import SparkSession
 
+from buffered_store.config import ReadConsistency
 from buffered_store.errors import RunOwnershipError
-from buffered_store.records import ReadConsistency, RunRecord, RunStatus
 from buffered_store.spark import overlay
 from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
 from buffered_store.spark.overlay import read_tables, read_wal_tail
 from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.records import RunRecord, RunStatus
 from tests.spark.conftest import StoreEnv, spark_view, store_view
 
 # The first Spark test of a run also starts the session and the Python workers.

@@ -8,13 +8,18 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from buffered_store.checkpointing import (
+from buffered_store.engine.flushing import FlushStatus
+from buffered_store.engine.keys import decode_run_claim, encode_run_claim
+from buffered_store.engine.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
+from buffered_store.errors import CorruptEntryError
+from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     jump_seq,
     validate_checkpoint,
 )
-from buffered_store.entry import (
+from buffered_store.threadrun.entry import (
     HOT_RUN_MAX_BYTES,
     RUNS_WINDOW,
     EntryKind,
@@ -29,13 +34,15 @@ from buffered_store.entry import (
     run_json,
     seeded_hot,
 )
-from buffered_store.errors import CorruptEntryError
-from buffered_store.keys import decode_run_claim, encode_run_claim
-from buffered_store.messages import encode_messages
-from buffered_store.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
-from buffered_store.planning import PlanStatus, ThreadView, chain_after, fold, plan_entries
-from buffered_store.records import FlushStatus, RunRecord
-from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.messages import encode_messages
+from buffered_store.threadrun.planning import (
+    PlanStatus,
+    ThreadView,
+    chain_after,
+    fold,
+    plan_entries,
+)
+from buffered_store.threadrun.records import RunRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from buffered_store.config import BufferedStoreConfig, EngineConfig
+from buffered_store.config import BufferedStoreConfig, EngineConfig, ReadConsistency
 from buffered_store.errors import ConfigError
-from buffered_store.records import ReadConsistency
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 

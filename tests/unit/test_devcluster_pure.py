@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from buffered_store.devcluster import _stream_leaders, nats_cluster_config_text
+from buffered_store.dev.cluster import _stream_leaders, nats_cluster_config_text
 
 
 def node_config(**overrides: Any) -> str:

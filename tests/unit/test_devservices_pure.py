@@ -1,4 +1,4 @@
-"""Pure helpers of buffered_store.devservices (no servers started)."""
+"""Pure helpers of buffered_store.dev.services (no servers started)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from buffered_store import devservices as ds
+from buffered_store.dev import services as ds
 
 
 def _fake_exe(path: Path) -> Path:

@@ -7,19 +7,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.entry import HotRecord, WalEntry, encode_entry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.keys import wal_subject
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
-from buffered_store.flushing import ThreadLog
-from buffered_store.keys import wal_subject
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import HotRecord, WalEntry, encode_entry
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord
@@ -48,15 +47,13 @@ class FakeMsg:
         self.subject = subject
         self.data = data
         self.stream_seq = stream_seq
-        self.metadata = SimpleNamespace(
-            num_delivered=delivered, sequence=SimpleNamespace(stream=stream_seq)
-        )
+        self.num_delivered = delivered
 
     async def ack(self) -> None:
         self.events.append(("ack", self.stream_seq))
 
-    async def nak(self, delay: float | None = None) -> None:
-        self.events.append(("nak", self.stream_seq, delay))
+    async def nak(self, delay_s: float | None = None) -> None:
+        self.events.append(("nak", self.stream_seq, delay_s))
 
     async def term(self) -> None:
         self.events.append(("term", self.stream_seq))

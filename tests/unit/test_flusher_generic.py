@@ -1,4 +1,4 @@
-"""`buffered_store.generic.GenericFlushTarget`: replaying coalesced entries through the
+"""`buffered_store.threadrun.generic.GenericFlushTarget`: replaying coalesced entries through the
 plain `ThreadRunStore` calls, with watermarks kept beside the store."""
 
 from __future__ import annotations
@@ -11,18 +11,19 @@ from typing import Any
 
 import pytest
 
-from buffered_store.checkpointing import (
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.errors import DatabaseUnavailableError, ValidationError
+from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.entry import WalEntry
-from buffered_store.errors import DatabaseUnavailableError, ValidationError
-from buffered_store.generic import GenericFlushTarget, MemoryWatermarks
-from buffered_store.memory import InMemoryThreadRunStore
-from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread
-from buffered_store.target import ApplyStatus, FlushTarget
-from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.generic import GenericFlushTarget, MemoryWatermarks
+from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord, Thread
+from buffered_store.threadrun.target import FlushTarget
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any, cast
 
 from buffered_store.config import EngineConfig
-from buffered_store.entry import decode_flushed
+from buffered_store.engine.keys import flushed_key
+from buffered_store.engine.ports import KvValue, Wal
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import ConflictError
-from buffered_store.flushing import ThreadLog
-from buffered_store.keys import flushed_key
-from buffered_store.wal import KvValue, Wal
+from buffered_store.threadrun.entry import decode_flushed
 
 
 class FakeKv:

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.entry import WalEntry, encode_entry
-from buffered_store.keys import wal_subject
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.keys import wal_subject
 from buffered_store.testing import make_messages, make_run
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import WalEntry, encode_entry
 from flusher.policy import (
     Backoff,
     HeldSeq,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from buffered_store.keys import encode_token
+from buffered_store.engine.keys import encode_token
 from flusher.policy import PREVIEW_BYTES, Undecodable
 from flusher.quarantine import (
     QuarantineKind,

@@ -15,7 +15,7 @@ from buffered_store import (
     ThreadRunStore,
     ValidationError,
 )
-from buffered_store.target import ApplyStatus
+from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from tests.conformance.flush_target import (
     Chain,

@@ -206,15 +206,15 @@ def test_exported_keys_exist_in_the_real_stats() -> None:
 
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from buffered_store.buffered import BufferedThreadRunStore
     from buffered_store.config import BufferedStoreConfig
-    from buffered_store.memory import InMemoryThreadRunStore
     from buffered_store.metrics import FLUSHER, INNER, STORE
-    from buffered_store.postgres import PostgresThreadRunStore
+    from buffered_store.stores.memory import InMemoryThreadRunStore
+    from buffered_store.stores.postgres import PostgresThreadRunStore
+    from buffered_store.threadrun.store import BufferedThreadRunStore
     from flusher.stats import FlusherStats
 
     memory = InMemoryThreadRunStore()
-    wal: Any = SimpleNamespace(nc=None, requests=0)
+    wal: Any = SimpleNamespace(max_payload=1024 * 1024, requests=0)
     store = BufferedThreadRunStore(memory, memory, wal, BufferedStoreConfig())
     flusher_stats = {**FlusherStats().as_dict(), "running": 0}
     engine = create_async_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")

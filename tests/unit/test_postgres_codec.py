@@ -6,10 +6,11 @@ from typing import Any
 
 import orjson
 
-from buffered_store import postgres_codec as codec
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.planning import coalesce
-from buffered_store.records import RunRecord, utcnow
+from buffered_store.engine.ids import utcnow
+from buffered_store.stores import postgres_codec as codec
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.planning import coalesce
+from buffered_store.threadrun.records import RunRecord
 
 TRICKY: list[dict[str, Any]] = [
     {"role": "user", "content": 'quotes " and \\ backslashes, {braces}, "commas", NULL'},

@@ -12,13 +12,13 @@ from buffered_store.errors import (
     StoreError,
     ValidationError,
 )
-from buffered_store.postgres_errors import (
+from buffered_store.stores.postgres_errors import (
     DbFailure,
     classify_sqlstate,
     retry_in_place,
     sqlstate_of,
 )
-from buffered_store.postgres_reads import failure_of, translate_error
+from buffered_store.stores.postgres_reads import failure_of, translate_error
 
 U, C, D, X = DbFailure.UNAVAILABLE, DbFailure.CONFLICT, DbFailure.DATA, DbFailure.OTHER
 

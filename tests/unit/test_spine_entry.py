@@ -1,4 +1,4 @@
-"""`buffered_store.entry`: the WAL entry codec and the KV records around it."""
+"""`buffered_store.threadrun.entry`: the WAL entry codec and the KV records around it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from buffered_store.entry import (
+from buffered_store.errors import CorruptEntryError
+from buffered_store.threadrun.entry import (
     WIRE_VERSION,
     EntryKind,
     FlushedMark,
@@ -23,9 +24,8 @@ from buffered_store.entry import (
     encode_hot,
     messages_of,
 )
-from buffered_store.errors import CorruptEntryError
-from buffered_store.messages import encode_message
-from buffered_store.records import RunRecord, RunStatus, Thread
+from buffered_store.threadrun.messages import encode_message
+from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""`buffered_store.keys`: thread ids of any Unicode become safe NATS tokens, and back."""
+"""`buffered_store.engine.keys`: thread ids of any Unicode become safe NATS tokens, and back."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from buffered_store.errors import ValidationError
-from buffered_store.keys import (
+from buffered_store.engine.keys import (
     decode_token,
     encode_token,
     flushed_key,
@@ -20,6 +19,7 @@ from buffered_store.keys import (
     thread_token,
     wal_subject,
 )
+from buffered_store.errors import ValidationError
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -136,7 +136,7 @@ def test_lone_surrogate_id_is_a_validation_error() -> None:
 
 
 def test_cached_translations_stay_correct_and_bounded() -> None:
-    from buffered_store import keys
+    from buffered_store.engine import keys
 
     ids = _random_ids(keys._CACHED_THREADS + 500, seed=12)
     for _ in range(2):  # the second pass partly hits, partly misses the caches

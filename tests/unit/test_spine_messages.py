@@ -1,4 +1,4 @@
-"""`buffered_store.messages`: validation, canonical bytes and snapshot deltas."""
+"""`buffered_store.threadrun.messages`: validation, canonical bytes and snapshot deltas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from buffered_store.errors import ValidationError
-from buffered_store.messages import (
+from buffered_store.threadrun.messages import (
     SnapshotDelta,
     apply_delta,
     check_json_object,

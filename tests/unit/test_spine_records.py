@@ -1,4 +1,4 @@
-"""`buffered_store.records`: self-validating records and their JSON forms."""
+"""`buffered_store.threadrun.records`: self-validating records and their JSON forms."""
 
 from __future__ import annotations
 
@@ -7,15 +7,10 @@ from typing import Any
 
 import pytest
 
+from buffered_store.engine.flushing import FlushStatus
+from buffered_store.engine.ids import check_aware, check_id
 from buffered_store.errors import ValidationError
-from buffered_store.records import (
-    FlushStatus,
-    RunRecord,
-    RunStatus,
-    Thread,
-    check_aware,
-    check_id,
-)
+from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -14,11 +14,12 @@ from buffered_store import (
     ThreadRunStore,
     WalUnavailableError,
 )
-from buffered_store.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.entry import WalEntry
-from buffered_store.records import utcnow
-from buffered_store.target import ApplyStatus, FlushTarget
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.ids import utcnow
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.target import FlushTarget
 from tests.conformance.helpers import fresh_id
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from buffered_store.entry import EntryKind, HotRecord, WalEntry
-from buffered_store.records import Thread
-from buffered_store.writer import (
+from buffered_store.engine.appender import (
     Cursor,
     CursorCache,
     ThreadLocks,
@@ -15,6 +13,8 @@ from buffered_store.writer import (
     _known_snapshot,
     _merge_recent,
 )
+from buffered_store.threadrun.entry import EntryKind, HotRecord, WalEntry
+from buffered_store.threadrun.records import Thread
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

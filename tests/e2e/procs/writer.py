@@ -16,12 +16,12 @@ import json
 import os
 import sys
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.errors import StoreError
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.records import Message
+from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.testing import make_run
+from buffered_store.threadrun.records import Message
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 
 def snapshot(name: str, step: int) -> list[Message]:

@@ -20,7 +20,10 @@ from typing import Any
 
 import orjson
 
-from buffered_store.checkpointing import (
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ids import check_id, utcnow
+from buffered_store.errors import CorruptEntryError, StoreClosedError, StoreError, ValidationError
+from buffered_store.threadrun.checkpointing import (
     CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
@@ -28,22 +31,17 @@ from buffered_store.checkpointing import (
     run_owned_elsewhere,
     validate_checkpoint,
 )
-from buffered_store.entry import WalEntry
-from buffered_store.errors import CorruptEntryError, StoreClosedError, StoreError, ValidationError
-from buffered_store.messages import decode_message
-from buffered_store.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.records import (
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.messages import decode_message
+from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.threadrun.records import (
     CheckpointReceipt,
     Message,
     RunRecord,
     RunStatus,
     Thread,
-    check_id,
-    utcnow,
 )
-from buffered_store.target import (
-    ApplyOutcome,
-    ApplyStatus,
+from buffered_store.threadrun.target import (
     StoredThread,
     VersionedRun,
     run_sort_key,

@@ -12,16 +12,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from buffered_store.entry import EntryKind, WalEntry
+from buffered_store.engine.ids import check_aware, check_id
 from buffered_store.errors import RunOwnershipError, ValidationError
-from buffered_store.messages import (
+from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.messages import (
     SnapshotDelta,
     check_json_object,
     check_json_value,
     diff_snapshot,
     encode_messages,
 )
-from buffered_store.records import RunRecord, Thread, check_aware, check_id
+from buffered_store.threadrun.records import RunRecord, Thread
 
 
 def run_owned_elsewhere(run_id: str, owner_thread_id: str, thread_id: str) -> RunOwnershipError:

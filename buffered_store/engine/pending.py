@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from buffered_store.entry import HotRecord, decode_hot
+from buffered_store.engine.keys import decode_token, hot_key
+from buffered_store.engine.ports import Wal
 from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
-from buffered_store.keys import decode_token, hot_key
-from buffered_store.wal import Wal
+from buffered_store.threadrun.entry import HotRecord, decode_hot
 
-log = logging.getLogger("buffered_store.pending")
+log = logging.getLogger("buffered_store.engine.pending")
 
 FLOOR_KEY = "floor.pending"
 """KV key (hot bucket) of the pending-thread floor."""

@@ -9,7 +9,7 @@ Starts its own NATS and Postgres (or uses NATS_URL / DATABASE_URL), then:
 4. starts a flusher process (`python -m flusher`) and waits until everything is flushed;
 5. prints checkpoints against Postgres transactions and row writes for both stores.
 
-Run with ``python -m buffered_store.demo [--threads N] [--steps N]``.
+Run with ``python -m buffered_store.dev.demo [--threads N] [--steps N]``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from buffered_store.buffered import BufferedThreadRunStore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.devservices import Services, start_services, to_libpq_url
-from buffered_store.postgres import PostgresThreadRunStore
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import RunRecord, RunStatus, utcnow
+from buffered_store.dev.services import Services, start_services, to_libpq_url
+from buffered_store.engine.ids import utcnow
+from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import RunRecord, RunStatus
+from buffered_store.threadrun.store import BufferedThreadRunStore
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
 

@@ -9,26 +9,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+from buffered_store.engine.ids import check_aware, check_id, parse_time, utcnow
 from buffered_store.errors import ValidationError
 
 JSONValue: TypeAlias = Any
 Message: TypeAlias = dict[str, Any]
 """A message is a JSON object with at least a string ``role``."""
-
-MAX_ID_BYTES = 512
-"""Longest id, in UTF-8 bytes. Ids are btree keys in Postgres, where one index tuple may
-hold at most about 2,700 bytes; ``runs_thread_created_idx`` holds a thread id, a timestamp
-and a run id, so two ids of 512 bytes always fit, compressed or not (a limit counted in
-characters does not: 512 varied CJK characters are 1,536 bytes that do not compress)."""
-
-
-def utcnow() -> datetime:
-    """Now, timezone-aware (UTC)."""
-    return datetime.now(UTC)
 
 
 class RunStatus(StrEnum):
@@ -39,46 +29,6 @@ class RunStatus(StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-class ReadConsistency(StrEnum):
-    """How a read of the buffered store relates to acknowledged checkpoints."""
-
-    READ_YOUR_WRITES = "read_your_writes"
-    """Overlay the unflushed WAL tail on the inner store (default)."""
-    STRONG = "strong"
-    """Flush the pending entries first, then read the inner store."""
-    EVENTUAL = "eventual"
-    """Read the inner store only; may miss unflushed checkpoints."""
-
-
-def check_id(value: object, what: str) -> str:
-    """Validate an identifier: a non-empty string of at most `MAX_ID_BYTES` UTF-8 bytes."""
-    if not isinstance(value, str):
-        raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
-    if not value:
-        raise ValidationError(f"{what} must not be empty")
-    if "\x00" in value:
-        raise ValidationError(f"{what} must not contain NUL characters")
-    # Cheap reject first: a string longer than the limit in characters is too long in bytes.
-    if len(value) > MAX_ID_BYTES:
-        raise ValidationError(f"{what} is longer than {MAX_ID_BYTES} bytes (UTF-8)")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValidationError(f"{what} is not valid Unicode (lone surrogate)") from None
-    if size > MAX_ID_BYTES:
-        raise ValidationError(f"{what} is {size} bytes in UTF-8, longer than {MAX_ID_BYTES}")
-    return value
-
-
-def check_aware(value: object, what: str) -> datetime:
-    """Validate a timezone-aware datetime."""
-    if not isinstance(value, datetime):
-        raise ValidationError(f"{what} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValidationError(f"{what} must be timezone-aware (got a naive datetime)")
-    return value
 
 
 def _check_count(value: object, what: str) -> int:
@@ -168,9 +118,9 @@ class RunRecord:
                 status=RunStatus(data["status"]),
                 parent_run_id=data.get("parent_run_id"),
                 parent_thread_id=data.get("parent_thread_id"),
-                created_at=_parse_dt(data["created_at"]),
-                updated_at=_parse_dt(data["updated_at"]),
-                finished_at=_parse_dt(finished) if finished else None,
+                created_at=parse_time(data["created_at"]),
+                updated_at=parse_time(data["updated_at"]),
+                finished_at=parse_time(finished) if finished else None,
                 steps=data.get("steps", 0),
                 input_tokens=data.get("input_tokens", 0),
                 output_tokens=data.get("output_tokens", 0),
@@ -215,8 +165,8 @@ class Thread:
             thread_id=data["thread_id"],
             parent_thread_id=data.get("parent_thread_id"),
             metadata=data.get("metadata") or {},
-            created_at=_parse_dt(data["created_at"]),
-            updated_at=_parse_dt(data["updated_at"]),
+            created_at=parse_time(data["created_at"]),
+            updated_at=parse_time(data["updated_at"]),
             latest_run_id=data.get("latest_run_id"),
             message_count=int(data["message_count"]),
         )
@@ -235,30 +185,3 @@ class CheckpointReceipt:
     again."""
     stream_seq: int | None = None
     """Sequence of the WAL entry in the JetStream stream (buffered store only)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FlushStatus:
-    """How far a thread's checkpoints have been flushed to the inner store."""
-
-    thread_id: str
-    latest_seq: int
-    flushed_seq: int
-    pending_from: int = 0
-    """Lowest seq that can be pending when the thread's entries jumped past its stored
-    seq (see docs/concepts/failure-modes.md): no entry sits between `flushed_seq` and
-    it. 0 when they did not (or nobody knows)."""
-
-    @property
-    def pending(self) -> int:
-        """Checkpoints acknowledged but not yet in the inner store."""
-        return max(0, self.latest_seq - max(self.flushed_seq, self.pending_from - 1))
-
-
-def _parse_dt(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        raise ValidationError(f"timestamp {value!r} has no timezone")
-    return parsed

@@ -21,9 +21,10 @@ from typing import Any
 
 import orjson
 
+from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
-from buffered_store.messages import canonical_objects, decode_message
-from buffered_store.records import Message, RunRecord, Thread, _parse_dt
+from buffered_store.threadrun.messages import canonical_objects, decode_message
+from buffered_store.threadrun.records import Message, RunRecord, Thread
 
 WIRE_VERSION = 1
 
@@ -149,7 +150,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
             raise CorruptEntryError("entry has no thread id")
         if not isinstance(seq, int) or seq < 1:
             raise CorruptEntryError(f"entry has an invalid seq {seq!r}")
-        at = _parse_dt(data["at"])
+        at = parse_time(data["at"])
         jump = data.get("j", False) is True
         if kind is EntryKind.DELETE:
             entry = WalEntry(
@@ -185,7 +186,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
             messages=messages,
             message_count=count,
             run=run,
-            created_at=_parse_dt(data["c"]),
+            created_at=parse_time(data["c"]),
             parent_thread_id=data.get("p"),
             metadata=data.get("md") or {},
             writer=data.get("w", ""),

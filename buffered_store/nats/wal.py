@@ -1,7 +1,9 @@
-"""The NATS JetStream adapter: the WAL stream, the hot KV bucket and the flusher consumer.
+"""The NATS JetStream adapter: the engine's ports (`buffered_store.engine.ports`) on a
+stream, two KV buckets and the flusher's durable consumer.
 
-Thin on purpose: it awaits, translates nats errors into our family (in `_translate`) and
-counts requests; deciding what to write is the callers' business.
+Thin on purpose: it awaits, translates nats errors into our family (`translated`) and
+counts requests; deciding what to write is the callers' business. No nats-py object
+leaves this module.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import nats
 import nats.errors
@@ -37,10 +38,11 @@ from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.kv import KeyValue
 
 from buffered_store.config import EngineConfig
+from buffered_store.engine.keys import stream_subjects
+from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import ConfigError, ConflictError, StoreError, WalUnavailableError
-from buffered_store.keys import stream_subjects
 
-log = logging.getLogger("buffered_store.wal")
+log = logging.getLogger("buffered_store.nats.wal")
 T = TypeVar("T")
 
 SCAN_DIRECT_GETS = 8
@@ -55,23 +57,6 @@ MSG_ID = "Nats-Msg-Id"
 WRONG_LAST_SEQUENCE = 10071
 KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
 """Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMsg:
-    """A message read back from the stream."""
-
-    seq: int
-    subject: str
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class KvValue:
-    """A KV value with its revision (for compare-and-set)."""
-
-    value: bytes
-    revision: int
 
 
 @asynccontextmanager
@@ -162,13 +147,13 @@ class ReplyInbox:
             reply.set_result(msg)
 
 
-class Wal:
-    """One NATS connection with the project's JetStream objects."""
+class NatsWal:
+    """One NATS connection with the project's JetStream objects (the `engine.ports.Wal`)."""
 
     def __init__(self, nc: Client, config: EngineConfig) -> None:
-        self.nc = nc
+        self._nc = nc
         self.config = config
-        self.js: JetStreamContext = nc.jetstream(timeout=config.request_timeout_s)
+        self._js: JetStreamContext = nc.jetstream(timeout=config.request_timeout_s)
         self.stream = config.stream_name
         self.direct = not config.leader_reads
         """Reads use direct gets (any replica answers) rather than the stream leader.
@@ -182,40 +167,70 @@ class Wal:
         self._hot: KeyValue | None = None
         self._hot_prefix = f"$KV.{config.hot_bucket}."
         """Subject prefix of the hot bucket's keys (no JetStream domain is used)."""
-        self._quarantine: KeyValue | None = None
+        self._quarantine: NatsBucket | None = None
         self._replies = ReplyInbox(nc)
+        self._recorded: list[str] | None = None
         self._count_requests()
+
+    def record_requests(self) -> list[str]:
+        """From now on, append the subject of every request made through the
+        connection's request path (JetStream API calls, direct gets, KV reads) to the
+        returned list: what a test looking at where reads go needs."""
+        self._recorded = []
+        return self._recorded
 
     def _count_requests(self) -> None:
         # Every JetStream call (publish, direct get, KV update) is one nc.request: counting
         # here measures round trips without touching the callers.
-        original: Callable[..., Awaitable[Any]] = self.nc.request
+        original: Callable[..., Awaitable[Any]] = self._nc.request
 
-        async def counting_request(*args: Any, **kwargs: Any) -> Any:
+        async def counting_request(subject: str, *args: Any, **kwargs: Any) -> Any:
             self.requests += 1
-            return await original(*args, **kwargs)
+            if self._recorded is not None:
+                self._recorded.append(subject)
+            return await original(subject, *args, **kwargs)
 
-        self.nc.request = counting_request  # type: ignore[method-assign]
+        self._nc.request = counting_request  # type: ignore[method-assign]
 
     @classmethod
-    async def connect(cls, config: EngineConfig, *, name: str = "bufstore") -> Wal:
-        """Connect (reconnecting forever afterwards) and open or create the JetStream objects."""
+    async def connect(
+        cls,
+        config: EngineConfig,
+        *,
+        name: str = "bufstore",
+        setup: Literal["ensure", "open", "none"] = "ensure",
+        reconnect: bool = True,
+        connect_timeout_s: float | None = None,
+    ) -> NatsWal:
+        """Connect and open the JetStream objects.
+
+        By default the client reconnects forever afterwards and creates whatever object
+        is missing (``setup="ensure"``). ``setup="open"`` only opens existing ones
+        (`StoreError` naming a missing one); ``setup="none"`` touches no server object,
+        for handles that only read the stream. ``reconnect=False`` gives up on the first
+        lost connection: what a one-shot health check or a Spark task wants.
+        """
+        timeout_s = connect_timeout_s or config.request_timeout_s
         async with translated(f"connect to {config.nats_url}"):
             nc = await nats.connect(
                 servers=config.servers,
                 name=name,
                 user_credentials=config.credentials_option(),
-                connect_timeout=config.request_timeout_s,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.2,
-                allow_reconnect=True,
-                error_cb=_log_error,
+                connect_timeout=timeout_s,
+                # nats-py treats 0 as "retry forever" when choosing a server: one retry.
+                max_reconnect_attempts=-1 if reconnect else 1,
+                reconnect_time_wait=0.2 if reconnect else 0.1,
+                allow_reconnect=reconnect,
+                error_cb=_log_error if reconnect else _quiet,
                 disconnected_cb=_log_event("nats_disconnected"),
                 reconnected_cb=_log_event("nats_reconnected"),
             )
         wal = cls(nc, config)
         try:
-            await wal.ensure_objects()
+            if setup == "ensure":
+                await wal.ensure_objects()
+            elif setup == "open":
+                await wal.open_objects()
         except BaseException:
             await nc.close()
             raise
@@ -223,11 +238,21 @@ class Wal:
 
     async def close(self) -> None:
         """Flush pending writes and close the connection."""
-        if not self.nc.is_closed:
+        if not self._nc.is_closed:
             try:
-                await asyncio.wait_for(self.nc.drain(), timeout=self.config.request_timeout_s)
+                await asyncio.wait_for(self._nc.drain(), timeout=self.config.request_timeout_s)
             except Exception:  # closing anyway; nothing is pending that matters
-                await self.nc.close()
+                await self._nc.close()
+
+    @property
+    def max_payload(self) -> int:
+        """Largest message the server accepts (1 MiB before the connection says)."""
+        return int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
+
+    @property
+    def reconnects(self) -> int:
+        """Times the client re-established its connection."""
+        return int(self._nc.stats.get("reconnects", 0))
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -265,15 +290,40 @@ class Wal:
         async with translated("set up JetStream"):
             await self._ensure_stream()
             self._hot = await self._ensure_bucket(self.config.hot_bucket, history=1)
-            self._quarantine = await self._ensure_bucket(self.config.quarantine_bucket, history=1)
+            quarantine = await self._ensure_bucket(self.config.quarantine_bucket, history=1)
+            self._quarantine = NatsBucket(quarantine, "quarantine bucket")
             await self._ensure_consumer()
+
+    async def open_objects(self) -> None:
+        """Open the stream, buckets and consumer, which must exist (`StoreError` if not)."""
+        cfg = self.config
+        async with translated("open JetStream objects"):
+            for what, read in (
+                (f"stream {cfg.stream_name!r}", self._js.stream_info(cfg.stream_name)),
+                (
+                    f"consumer {cfg.consumer_name!r}",
+                    self._js.consumer_info(cfg.stream_name, cfg.consumer_name),
+                ),
+            ):
+                try:
+                    await read
+                except jse.NotFoundError:
+                    raise StoreError(f"the {what} was not found") from None
+            buckets = []
+            for bucket in (cfg.hot_bucket, cfg.quarantine_bucket):
+                try:
+                    buckets.append(self._bucket_handle(await self._js.key_value(bucket), bucket))
+                except (jse.BucketNotFoundError, jse.NotFoundError):
+                    raise StoreError(f"the bucket {bucket!r} was not found") from None
+        self._hot = buckets[0]
+        self._quarantine = NatsBucket(buckets[1], "quarantine bucket")
 
     async def _ensure_stream(self) -> None:
         wanted = self.stream_config()
         try:
-            info = await self.js.stream_info(self.stream)
+            info = await self._js.stream_info(self.stream)
         except jse.NotFoundError:
-            await self.js.add_stream(wanted)
+            await self._js.add_stream(wanted)
             return
         have = info.config
         conflicts = [
@@ -297,7 +347,9 @@ class Wal:
             )
 
     async def _ensure_bucket(self, bucket: str, *, history: int) -> KeyValue:
-        kv = await self._open_bucket(bucket, history=history)
+        return self._bucket_handle(await self._open_bucket(bucket, history=history), bucket)
+
+    def _bucket_handle(self, kv: KeyValue, bucket: str) -> KeyValue:
         if self.direct:
             return kv
         # nats-py's KeyValue reads with direct gets whenever the bucket allows them (and
@@ -307,15 +359,15 @@ class Wal:
             name=bucket,
             stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
             pre=KV_PRE_TEMPLATE.format(bucket=bucket),
-            js=self.js,
+            js=self._js,
             direct=False,
         )
 
     async def _open_bucket(self, bucket: str, *, history: int) -> KeyValue:
         try:
-            return await self.js.key_value(bucket)
+            return await self._js.key_value(bucket)
         except (jse.BucketNotFoundError, jse.NotFoundError):
-            return await self.js.create_key_value(
+            return await self._js.create_key_value(
                 KeyValueConfig(
                     bucket=bucket,
                     history=history,
@@ -330,7 +382,7 @@ class Wal:
         True when it had to be created."""
         async with translated("re-create the flusher consumer"):
             try:
-                await self.js.consumer_info(self.stream, self.config.consumer_name)
+                await self._js.consumer_info(self.stream, self.config.consumer_name)
                 return False
             except jse.NotFoundError:
                 await self._ensure_consumer()
@@ -339,13 +391,13 @@ class Wal:
     async def _ensure_consumer(self) -> None:
         wanted = self.consumer_config()
         try:
-            info = await self.js.consumer_info(self.stream, self.config.consumer_name)
+            info = await self._js.consumer_info(self.stream, self.config.consumer_name)
         except jse.NotFoundError:
             try:
-                await self.js.add_consumer(self.stream, wanted)
+                await self._js.add_consumer(self.stream, wanted)
             except jse.BadRequestError:
                 # Created concurrently by another process with the same config: fine.
-                await self.js.consumer_info(self.stream, self.config.consumer_name)
+                await self._js.consumer_info(self.stream, self.config.consumer_name)
             return
         have = info.config
         conflicts = [
@@ -372,7 +424,7 @@ class Wal:
         return self._hot
 
     @property
-    def quarantine(self) -> KeyValue:
+    def quarantine(self) -> NatsBucket:
         """The quarantine bucket."""
         assert self._quarantine is not None, "ensure_objects() first"
         return self._quarantine
@@ -413,7 +465,7 @@ class Wal:
         """The message at a stream seq, or None when absent."""
         async with translated(f"get message {seq}"):
             try:
-                raw = await self.js.get_msg(self.stream, seq=seq, direct=self.direct)
+                raw = await self._js.get_msg(self.stream, seq=seq, direct=self.direct)
             except jse.NotFoundError:
                 return None
         return _stored(raw)
@@ -422,7 +474,7 @@ class Wal:
         """The last message on a subject, or None."""
         async with translated(f"get last message of {subject}"):
             try:
-                raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
+                raw = await self._js.get_last_msg(self.stream, subject, direct=self.direct)
             except jse.NotFoundError:
                 return None
         return _stored(raw)
@@ -431,7 +483,7 @@ class Wal:
         """The first message on a subject at or after a stream seq, or None."""
         async with translated(f"get next message of {subject}"):
             try:
-                raw = await self.js.get_msg(
+                raw = await self._js.get_msg(
                     self.stream,
                     seq=max(1, from_seq),
                     subject=subject,
@@ -459,7 +511,7 @@ class Wal:
         async with translated(f"scan hot records from {seq}"):
             for _ in range(SCAN_DIRECT_GETS):
                 try:
-                    raw = await self.js.get_msg(
+                    raw = await self._js.get_msg(
                         stream, seq=seq, subject=subject, next=True, direct=self.direct
                     )
                 except jse.NotFoundError:
@@ -488,7 +540,7 @@ class Wal:
         """The messages on `subject` (None: all) from `from_seq` to `last` (0: the
         stream's end), through an ephemeral in-memory consumer (deleted after; the server
         drops it by itself if this process dies first)."""
-        info = await self.js.add_consumer(
+        info = await self._js.add_consumer(
             stream,
             ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -504,7 +556,7 @@ class Wal:
         found: list[StoredMsg] = []
         try:
             if info.num_pending:
-                sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=stream)
+                sub = await self._js.pull_subscribe_bind(consumer=info.name, stream=stream)
                 try:
                     done = False
                     seq = from_seq - 1
@@ -527,7 +579,7 @@ class Wal:
                     await sub.unsubscribe()
         finally:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                await self.js.delete_consumer(stream, info.name)
+                await self._js.delete_consumer(stream, info.name)
         return found
 
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
@@ -544,27 +596,51 @@ class Wal:
         Everything not yet flushed lies in that range; so may some flushed entries acked
         out of order, which readers drop by comparing with the watermarks.
         """
-        async with translated("read WAL tail bounds"):
+        state = await self.consumer_state()
+        return state.ack_floor + 1, state.last_seq
+
+    async def append(self, subject: str, payload: bytes) -> int:
+        """Append without any expectation; the stream seq."""
+        async with translated(f"publish {subject}"):
+            ack = await self._js.publish(subject, payload, stream=self.stream)
+        return int(ack.seq)
+
+    async def last_seq(self) -> int:
+        """The stream's last seq (0: empty)."""
+        async with translated("read the stream state"):
+            info = await self._js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    async def consumer_state(self) -> ConsumerState:
+        """The durable consumer's counters and the stream's last seq."""
+        async with translated("read the flusher consumer"):
             consumer, stream = await asyncio.gather(
-                self.js.consumer_info(self.stream, self.config.consumer_name),
-                self.js.stream_info(self.stream),
+                self._js.consumer_info(self.stream, self.config.consumer_name),
+                self._js.stream_info(self.stream),
             )
-        floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
-        return (floor or 0) + 1, stream.state.last_seq
+        return ConsumerState(
+            num_pending=int(consumer.num_pending or 0),
+            num_ack_pending=int(consumer.num_ack_pending or 0),
+            num_redelivered=int(consumer.num_redelivered or 0),
+            ack_floor=int(consumer.ack_floor.stream_seq or 0) if consumer.ack_floor else 0,
+            last_seq=int(stream.state.last_seq),
+            messages=int(stream.state.messages),
+        )
+
+    async def subscribe(self) -> NatsDelivery:
+        """A pull subscription bound to the durable consumer."""
+        reconnects = self.reconnects
+        async with translated("bind to the flusher consumer"):
+            sub = await self._js.pull_subscribe_bind(
+                durable=self.config.consumer_name, stream=self.stream
+            )
+        return NatsDelivery(sub, lambda: self.reconnects != reconnects)
 
     # -- KV -----------------------------------------------------------------------------
 
-    async def kv_get(self, key: str, *, bucket: KeyValue | None = None) -> KvValue | None:
+    async def kv_get(self, key: str) -> KvValue | None:
         """A key's value and revision, or None when absent or deleted."""
-        kv = bucket or self.hot
-        async with translated(f"read {key}"):
-            try:
-                entry = await kv.get(key)
-            except (jse.KeyNotFoundError, jse.KeyDeletedError):
-                return None
-        if entry.value is None or entry.revision is None:
-            return None
-        return KvValue(entry.value, entry.revision)
+        return await _kv_get(self.hot, key)
 
     async def kv_get_many(self, keys: Sequence[str]) -> list[KvValue | None]:
         """Several keys concurrently."""
@@ -590,17 +666,143 @@ class Wal:
                     raise ConflictError(f"update {key}: the key changed meanwhile") from exc
                 raise
 
-    async def kv_put(self, key: str, value: bytes, *, bucket: KeyValue | None = None) -> int:
+    async def kv_put(self, key: str, value: bytes) -> int:
         """Unconditional write."""
-        kv = bucket or self.hot
         async with translated(f"put {key}"):
-            return await kv.put(key, value)
+            return await self.hot.put(key, value)
 
-    async def kv_delete(self, key: str, *, bucket: KeyValue | None = None) -> None:
+    async def kv_delete(self, key: str) -> None:
         """Delete a key."""
-        kv = bucket or self.hot
         async with translated(f"delete {key}"):
-            await kv.delete(key)
+            await self.hot.delete(key)
+
+
+async def _kv_get(kv: KeyValue, key: str) -> KvValue | None:
+    async with translated(f"read {key}"):
+        try:
+            entry = await kv.get(key)
+        except (jse.KeyNotFoundError, jse.KeyDeletedError):
+            return None
+    if entry.value is None or entry.revision is None:
+        return None
+    return KvValue(entry.value, entry.revision)
+
+
+class NatsBucket:
+    """A JetStream KV bucket as the engine's `Bucket` port."""
+
+    def __init__(self, kv: KeyValue, what: str) -> None:
+        self._kv = kv
+        self._what = what
+
+    async def get(self, key: str) -> KvValue | None:
+        """A key's value and revision, or None when absent or deleted."""
+        return await _kv_get(self._kv, key)
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write a key that does not exist; `ConflictError` when it does."""
+        async with translated(f"create {key} in the {self._what}"):
+            return await self._kv.create(key, value)
+
+    async def swap(self, key: str, value: bytes, *, revision: int | None) -> int:
+        """Compare-and-set on the key's revision (None: absent)."""
+        if revision is None:
+            return await self.create(key, value)
+        async with translated(f"update {key} in the {self._what}"):
+            try:
+                return await self._kv.update(key, value, last=revision)
+            except jse.APIError as exc:
+                if exc.err_code in KV_WRONG_LAST:
+                    raise ConflictError(f"update {key}: the key changed meanwhile") from exc
+                raise
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Unconditional write."""
+        async with translated(f"put {key} in the {self._what}"):
+            return await self._kv.put(key, value)
+
+    async def delete(self, key: str) -> None:
+        """Delete a key (absent is fine)."""
+        async with translated(f"delete {key} in the {self._what}"):
+            await self._kv.delete(key)
+
+    async def keys(self) -> list[str]:
+        """Every live key."""
+        async with translated(f"list the {self._what}"):
+            try:
+                return list(await self._kv.keys())
+            except jse.NoKeysError:
+                return []
+
+
+class NatsDelivered:
+    """A message delivered by the durable consumer (the engine's `Delivered`)."""
+
+    __slots__ = ("_msg", "data", "num_delivered", "stream_seq", "subject")
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+        meta = msg.metadata
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+        self.stream_seq: int = int(meta.sequence.stream)
+        self.num_delivered: int = int(meta.num_delivered)
+
+    async def ack(self) -> None:
+        """Acknowledge it."""
+        async with translated("ack"):
+            await self._msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        """Have it delivered again, after `delay_s` when given."""
+        async with translated("nak"):
+            await self._msg.nak(delay=delay_s or None)
+
+    async def term(self) -> None:
+        """Never deliver it again."""
+        async with translated("term"):
+            await self._msg.term()
+
+    async def in_progress(self) -> None:
+        """Restart its ack timer."""
+        async with translated("in progress"):
+            await self._msg.in_progress()
+
+
+class NatsDelivery:
+    """A pull subscription bound to the durable consumer (the engine's `Delivery`).
+
+    Pull subscriptions must be created again after the client reconnected (nats.py
+    #504): the server forgets the outstanding pull requests of a dead connection, so
+    `stale` turns true once the client's reconnect counter moved.
+    """
+
+    def __init__(self, sub: JetStreamContext.PullSubscription, moved: Callable[[], bool]) -> None:
+        self._sub = sub
+        self._moved = moved
+
+    @property
+    def stale(self) -> bool:
+        """The connection was re-established since the subscription was made."""
+        return self._moved()
+
+    async def fetch(self, count: int, timeout_s: float) -> list[NatsDelivered]:
+        """Up to `count` messages within `timeout_s` (none arrived: empty)."""
+        try:
+            msgs = await self._sub.fetch(count, timeout=timeout_s)
+        except TimeoutError:  # nats.errors.TimeoutError derives from it
+            return []  # nothing arrived in time: the normal idle case
+        except Exception as exc:
+            async with translated("fetch from the flusher consumer"):
+                raise exc
+        return [NatsDelivered(msg) for msg in msgs]
+
+    async def close(self) -> None:
+        """Unsubscribe (best effort: the connection may be gone)."""
+        try:
+            await self._sub.unsubscribe()
+        except Exception as exc:  # a dead subscription needs no cleanup
+            log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
 
 
 def _stored(raw: Any) -> StoredMsg:
@@ -616,3 +818,7 @@ def _log_event(action: str) -> Callable[[], Awaitable[None]]:
         log.info(action.replace("_", " "), extra={"action": action})
 
     return callback
+
+
+async def _quiet(exc: Exception) -> None:
+    log.debug("nats client error: %s", exc, extra={"action": "nats_error"})

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from buffered_store.entry import WalEntry
-from buffered_store.records import RunRecord, RunStatus, Thread
+from buffered_store.engine.flushing import ApplyOutcome
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,35 +38,6 @@ class VersionedRun:
 
     run: RunRecord
     thread_seq: int
-
-
-class ApplyStatus(StrEnum):
-    """Outcome of applying one thread's entries."""
-
-    APPLIED = "applied"
-    """The entries above the watermark were written; the watermark moved."""
-    STALE = "stale"
-    """Every entry was at or below the watermark; nothing was written."""
-    GAP = "gap"
-    """The first entry above the watermark is not watermark + 1; nothing was written."""
-    FAILED = "failed"
-    """Writing this thread failed (its part was rolled back); see `error`."""
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyOutcome:
-    """What `FlushTarget.apply` did for one thread."""
-
-    thread_id: str
-    status: ApplyStatus
-    flushed_seq: int
-    """The thread's watermark after the call."""
-    missing_from: int = 0
-    """For GAP: the first seq that must be fetched before the batch can apply."""
-    error: str | None = None
-    """For FAILED: what went wrong (the thread's entries stay unacknowledged)."""
-    retriable: bool = True
-    """For FAILED: whether the same entries may apply later (False: data problem)."""
 
 
 @runtime_checkable

@@ -14,7 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buffered_store.config import EngineConfig
-from buffered_store.entry import (
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.keys import flushed_key, hot_key, thread_from_subject, wal_subject
+from buffered_store.engine.ports import StoredMsg, Wal
+from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
+from buffered_store.threadrun.entry import (
     FlushedMark,
     HotRecord,
     WalEntry,
@@ -23,13 +27,10 @@ from buffered_store.entry import (
     decode_hot,
     encode_flushed,
 )
-from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
-from buffered_store.keys import flushed_key, hot_key, thread_from_subject, wal_subject
-from buffered_store.planning import chain_after
-from buffered_store.target import ApplyStatus, FlushTarget
-from buffered_store.wal import StoredMsg, Wal
+from buffered_store.threadrun.planning import chain_after
+from buffered_store.threadrun.target import FlushTarget
 
-log = logging.getLogger("buffered_store.flushing")
+log = logging.getLogger("buffered_store.engine.threadlog")
 
 
 @dataclass(frozen=True, slots=True)

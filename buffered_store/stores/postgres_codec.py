@@ -19,12 +19,13 @@ import orjson
 from sqlalchemy import Update
 from sqlalchemy.engine import Row
 
-from buffered_store.entry import WalEntry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ids import check_id
 from buffered_store.errors import CorruptEntryError, StoreError, ValidationError
-from buffered_store.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.postgres_sql import bind, write_statement
-from buffered_store.records import RunRecord, Thread, check_id
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.stores.postgres_sql import bind, write_statement
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.threadrun.records import RunRecord, Thread
 
 # -- values ------------------------------------------------------------------------------
 

@@ -4,9 +4,8 @@ It implements `ThreadRunStore` and `FlushTarget`. A direct `checkpoint()` builds
 `WalEntry` the buffered store would put on the WAL and writes it through the code path
 `apply()` uses, so the direct and the flushed paths cannot drift apart.
 
-Round trips (statements live in `buffered_store.postgres_sql`, parameters and rows in
-`buffered_store.postgres_codec`, reads and plumbing in `buffered_store.postgres_reads`;
-this module decides what to execute):
+Round trips (statements live in `postgres_sql`, parameters and rows in `postgres_codec`,
+reads and plumbing in `postgres_reads`; this module decides what to execute):
 
 - A checkpoint of a thread this process wrote last (the usual single-writer case) is one
   statement in autocommit mode: a watermark-gated write that appends only the new
@@ -36,23 +35,24 @@ import orjson
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from buffered_store import migrate as migrations
-from buffered_store import postgres_codec as codec
-from buffered_store import postgres_sql as sql
-from buffered_store.checkpointing import (
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.ids import utcnow
+from buffered_store.errors import RunOwnershipError, StoreError
+from buffered_store.stores import migrate as migrations
+from buffered_store.stores import postgres_codec as codec
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres_errors import DbFailure, retry_in_place, sqlstate_of
+from buffered_store.stores.postgres_reads import PostgresReads, failure_of
+from buffered_store.threadrun.checkpointing import (
     CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
     run_owned_elsewhere,
     validate_checkpoint,
 )
-from buffered_store.entry import WalEntry
-from buffered_store.errors import RunOwnershipError, StoreError
-from buffered_store.planning import coalesce
-from buffered_store.postgres_errors import DbFailure, retry_in_place, sqlstate_of
-from buffered_store.postgres_reads import PostgresReads, failure_of
-from buffered_store.records import CheckpointReceipt, Message, RunRecord, Thread, utcnow
-from buffered_store.target import ApplyOutcome, ApplyStatus
+from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.planning import coalesce
+from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord, Thread
 
 __all__ = ["PostgresThreadRunStore"]
 

@@ -9,7 +9,7 @@ Three ways to get services (see :func:`start_services`):
 * ``BUFSTORE_SERVICES=containers``: start ``nats:2.10`` and ``postgres`` containers with
   testcontainers (needs a reachable Docker engine).
 
-Run ``python -m buffered_store.devservices`` to start both and print their URLs.
+Run ``python -m buffered_store.dev.services`` to start both and print their URLs.
 
 Processes are only ever signalled by their own PID. Binaries:
 
@@ -1478,13 +1478,13 @@ def running_services(
 
 
 # --------------------------------------------------------------------------------------------
-# python -m buffered_store.devservices
+# python -m buffered_store.dev.services
 # --------------------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m buffered_store.devservices",
+        prog="python -m buffered_store.dev.services",
         description="Start throwaway NATS JetStream + PostgreSQL and wait for Ctrl-C.",
     )
     parser.add_argument("--no-nats", action="store_true", help="do not start NATS")

@@ -11,8 +11,8 @@ import base64
 import binascii
 import functools
 
+from buffered_store.engine.ids import check_id
 from buffered_store.errors import ValidationError
-from buffered_store.records import check_id
 
 THREAD_SUBJECT_KIND = "t"
 """Subject namespace of ThreadRunStore entries (other front-ends use their own)."""

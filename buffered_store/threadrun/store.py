@@ -17,15 +17,14 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from buffered_store.checkpointing import (
-    build_checkpoint_entry,
-    build_delete_entry,
-    check_page,
-    run_owned_elsewhere,
-    validate_checkpoint,
-)
-from buffered_store.config import BufferedStoreConfig
-from buffered_store.entry import EntryKind, WalEntry, encode_entry, messages_of
+from buffered_store.config import BufferedStoreConfig, ReadConsistency
+from buffered_store.engine.appender import AppendAttempt, Cursor, ThreadLocks, Writer
+from buffered_store.engine.flushing import FlushStatus
+from buffered_store.engine.ids import check_id, utcnow
+from buffered_store.engine.keys import decode_run_claim, encode_run_claim, run_key
+from buffered_store.engine.pending import PendingIndex, PendingThread
+from buffered_store.engine.ports import Wal
+from buffered_store.engine.threadlog import ThreadLog, flush_thread
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
@@ -38,28 +37,33 @@ from buffered_store.errors import (
     ValidationError,
     WalUnavailableError,
 )
-from buffered_store.flushing import ThreadLog, flush_thread
-from buffered_store.keys import decode_run_claim, encode_run_claim, run_key
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
-from buffered_store.pending import PendingIndex, PendingThread
-from buffered_store.planning import ThreadView, fold
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import (
+from buffered_store.nats import NatsWal
+from buffered_store.threadrun.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    check_page,
+    run_owned_elsewhere,
+    validate_checkpoint,
+)
+from buffered_store.threadrun.entry import EntryKind, WalEntry, encode_entry, messages_of
+from buffered_store.threadrun.planning import ThreadView, fold
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import (
     CheckpointReceipt,
-    FlushStatus,
     Message,
-    ReadConsistency,
     RunRecord,
     RunStatus,
     Thread,
-    check_id,
-    utcnow,
 )
-from buffered_store.target import FlushTarget, StoredThread, run_sort_key, thread_sort_key
-from buffered_store.wal import Wal
-from buffered_store.writer import AppendAttempt, Cursor, ThreadLocks, Writer
+from buffered_store.threadrun.target import (
+    FlushTarget,
+    StoredThread,
+    run_sort_key,
+    thread_sort_key,
+)
 
-log = logging.getLogger("buffered_store.buffered")
+log = logging.getLogger("buffered_store.threadrun.store")
 
 Versions = dict[str, tuple[RunRecord, int]]
 
@@ -143,11 +147,11 @@ class BufferedThreadRunStore:
         config: BufferedStoreConfig,
         clock: Callable[[], datetime],
     ) -> BufferedThreadRunStore:
-        wal = await Wal.connect(config, name="bufstore-store")
+        wal = await NatsWal.connect(config, name="bufstore-store")
         if isinstance(inner, FlushTarget):
             target: FlushTarget = inner
         else:
-            from buffered_store.generic import GenericFlushTarget, KvWatermarks
+            from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 
             # Watermarks in the KV flushed marks: shared with every flusher process.
             target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config)))

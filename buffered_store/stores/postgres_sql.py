@@ -1,7 +1,7 @@
 """SQL of `PostgresThreadRunStore`: the statements, built with SQLAlchemy Core.
 
 Pure: nothing here awaits or opens a connection, so the statements can be rendered and
-tested without a database (parameters and rows: `buffered_store.postgres_codec`).
+tested without a database (parameters and rows: `buffered_store.stores.postgres_codec`).
 Statements are built once per shape and cached; the schema is applied at execution time
 (``schema_translate_map``), so one set of statements serves every schema.
 
@@ -46,7 +46,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import Grouping
 
-from buffered_store.schema import TSTZ, messages, runs, threads
+from buffered_store.stores.schema import TSTZ, messages, runs, threads
 
 alembic_version = Table("alembic_version", MetaData(), Column("version_num", String(32)))
 """Alembic's version table, for the schema check at connect time."""

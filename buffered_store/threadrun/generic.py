@@ -34,21 +34,22 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from buffered_store.entry import EntryKind, WalEntry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import (
     BackendUnavailableError,
     CorruptEntryError,
     DatabaseUnavailableError,
     StoreError,
 )
-from buffered_store.messages import decode_message, encode_message
-from buffered_store.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.protocol import ThreadRunStore
-from buffered_store.records import RunRecord, RunStatus
-from buffered_store.target import ApplyOutcome, ApplyStatus, StoredThread, VersionedRun
+from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.messages import decode_message, encode_message
+from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.threadrun.protocol import ThreadRunStore
+from buffered_store.threadrun.records import RunRecord, RunStatus
+from buffered_store.threadrun.target import StoredThread, VersionedRun
 
 if TYPE_CHECKING:
-    from buffered_store.flushing import ThreadLog
+    from buffered_store.engine.threadlog import ThreadLog
 
 __all__ = ["GenericFlushTarget", "KvWatermarks", "MemoryWatermarks", "WatermarkBook"]
 

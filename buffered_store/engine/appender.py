@@ -19,9 +19,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from buffered_store.checkpointing import jump_seq
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.entry import (
+from buffered_store.engine.ids import utcnow
+from buffered_store.engine.keys import decode_run_claim, hot_key, msg_id, run_key, wal_subject
+from buffered_store.engine.ports import StoredMsg, Wal
+from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
+from buffered_store.threadrun.checkpointing import jump_seq
+from buffered_store.threadrun.entry import (
     EntryKind,
     HotRecord,
     WalEntry,
@@ -31,19 +35,11 @@ from buffered_store.entry import (
     encode_hot_within,
     seeded_hot,
 )
-from buffered_store.errors import (
-    ConflictError,
-    CorruptEntryError,
-    WalUnavailableError,
-)
-from buffered_store.keys import decode_run_claim, hot_key, msg_id, run_key, wal_subject
-from buffered_store.messages import apply_delta
-from buffered_store.planning import follows
-from buffered_store.records import utcnow
-from buffered_store.target import StoredThread
-from buffered_store.wal import StoredMsg, Wal
+from buffered_store.threadrun.messages import apply_delta
+from buffered_store.threadrun.planning import follows
+from buffered_store.threadrun.target import StoredThread
 
-log = logging.getLogger("buffered_store.writer")
+log = logging.getLogger("buffered_store.engine.appender")
 
 MAX_CONFLICTS = 100
 
@@ -159,7 +155,7 @@ class Writer:
         # Nonces: random per instance, then a counter (unique without a syscall per call).
         self._nonce_prefix = secrets.token_hex(8)
         self._nonces = itertools.count(1)
-        max_payload = getattr(wal.nc, "max_payload", 0) or 1024 * 1024
+        max_payload = wal.max_payload
         # Leave room for headers and the publish envelope.
         self.max_entry_bytes = int(max_payload) - 4096
 

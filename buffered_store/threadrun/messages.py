@@ -17,7 +17,7 @@ from uuid import UUID
 import orjson
 
 from buffered_store.errors import ValidationError
-from buffered_store.records import Message
+from buffered_store.threadrun.records import Message
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 """Canonical encoding: sorted keys; datetimes and dataclasses are refused, not converted."""

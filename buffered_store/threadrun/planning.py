@@ -9,10 +9,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from buffered_store.entry import EntryKind, WalEntry
 from buffered_store.errors import CorruptEntryError
-from buffered_store.messages import apply_delta
-from buffered_store.records import RunRecord, Thread
+from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.messages import apply_delta
+from buffered_store.threadrun.records import RunRecord, Thread
 
 
 class PlanStatus(StrEnum):

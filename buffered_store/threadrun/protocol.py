@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from buffered_store.records import CheckpointReceipt, Message, RunRecord, RunStatus, Thread
+from buffered_store.threadrun.records import (
+    CheckpointReceipt,
+    Message,
+    RunRecord,
+    RunStatus,
+    Thread,
+)
 
 
 @runtime_checkable

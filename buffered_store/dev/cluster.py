@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from buffered_store.devservices import (
+from buffered_store.dev.services import (
     LOCALHOST,
     DevServiceError,
     ServiceStartError,

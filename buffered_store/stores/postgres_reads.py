@@ -1,7 +1,7 @@
 """Connection plumbing, error translation and the reads of the Postgres store.
 
 `PostgresReads` is the base of `PostgresThreadRunStore`: it owns the engine, executes the
-statements of `buffered_store.postgres_sql` (which builds them and converts rows) and
+statements of `buffered_store.stores.postgres_sql` (which builds them and converts rows) and
 translates every SQLAlchemy/psycopg error in one place. Each read is one statement in
 autocommit mode: one round trip, one snapshot, so a watermark and the data read with it
 are always consistent.
@@ -17,10 +17,6 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from buffered_store import migrate as migrations
-from buffered_store import postgres_codec as codec
-from buffered_store import postgres_sql as sql
-from buffered_store.checkpointing import check_page
 from buffered_store.errors import (
     ConflictError,
     DatabaseUnavailableError,
@@ -29,9 +25,13 @@ from buffered_store.errors import (
     StoreError,
     ValidationError,
 )
-from buffered_store.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
-from buffered_store.records import Message, RunRecord, RunStatus, Thread
-from buffered_store.target import StoredThread, VersionedRun
+from buffered_store.stores import migrate as migrations
+from buffered_store.stores import postgres_codec as codec
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
+from buffered_store.threadrun.checkpointing import check_page
+from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
+from buffered_store.threadrun.target import StoredThread, VersionedRun
 
 __all__ = ["PostgresReads", "failure_of", "translate_error"]
 

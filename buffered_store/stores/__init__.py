@@ -1,0 +1,1 @@
+"""The inner stores a `BufferedThreadRunStore` writes through to: in memory and Postgres."""
