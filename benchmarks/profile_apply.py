@@ -33,7 +33,7 @@ from buffered_store.engine.keys import wal_subject
 from buffered_store.engine.threadlog import group_by_thread
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import WalEntry, encode_entry
+from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
 from buffered_store.threadrun.records import Message, RunRecord, Thread
 from flusher.policy import classify
 
@@ -94,7 +94,7 @@ async def run_cycles(
             profiler.enable()
         cpu0 = time.process_time()
         # What the flusher does with each fetched message before grouping it by thread.
-        decoded = [classify(STREAM, subject, data, 0) for subject, data in fetched]
+        decoded = [classify(FORMAT, STREAM, subject, data, 0) for subject, data in fetched]
         decode += time.process_time() - cpu0
         batches = list(group_by_thread([e for e in decoded if isinstance(e, WalEntry)]).values())
         cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 import click
 
 from buffered_store.cli.common import nats_url_option, require, run, store_options
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
 from buffered_store.nats import NatsWal
+from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
 from flusher.policy import backoff_s
 from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
@@ -273,7 +275,8 @@ def quarantine_replay(
         try:
             wal = await NatsWal.connect(config, name="bufstore-quarantine")
             try:
-                result = await replay(wal, inner, stream_seq=stream_seq, thread_id=thread_id)
+                thread_log = ThreadLog(wal, config, FORMAT)
+                result = await replay(thread_log, inner, stream_seq=stream_seq, thread_id=thread_id)
             finally:
                 await wal.close()
         finally:

@@ -1,7 +1,7 @@
 """One flush cycle: the messages of a collection window, applied and settled.
 
 Per cycle: decode every message (undecodable ones go to quarantine at once), group the
-entries by thread, make ONE `FlushTarget.apply` call with a batch per thread, then for
+entries by thread, make ONE `FlushSink.apply` call with a batch per thread, then for
 each thread carry out what `policy.plan_outcome` decided: raise the KV flushed mark and
 only then ack, fetch missing earlier entries from the stream and apply again (a bounded
 number of rounds), give messages back with a delay, or quarantine.
@@ -13,16 +13,16 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_exponential_jitter
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.entries import Entry
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, FlushSink
 from buffered_store.engine.ports import Delivered
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.target import FlushTarget
 from flusher.config import FlusherConfig
 from flusher.faults import maybe_crash
 from flusher.held import Held, Settler, ThreadWork
@@ -51,8 +51,8 @@ class CycleRunner:
     def __init__(
         self,
         *,
-        target: FlushTarget,
-        thread_log: ThreadLog,
+        target: FlushSink[Any],
+        thread_log: ThreadLog[Any, Any],
         quarantine: Quarantine,
         config: FlusherConfig,
         stats: FlusherStats,
@@ -114,7 +114,7 @@ class CycleRunner:
             self.stats.messages += 1
             if msg.num_delivered > 1:
                 self.stats.redeliveries += 1
-            result = classify(stream, msg.subject, msg.data, msg.stream_seq)
+            result = classify(self.thread_log.fmt, stream, msg.subject, msg.data, msg.stream_seq)
             if isinstance(result, Undecodable):
                 bad.append((held, result))
                 continue
@@ -134,7 +134,7 @@ class CycleRunner:
         )
         return {w.thread_id: w for w in results if w is not None}
 
-    async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
+    async def apply(self, batches: Sequence[Sequence[Entry]]) -> list[ApplyOutcome]:
         """`target.apply`, retried with capped exponential back-off for as long as the
         database is unavailable (cancelled by `stop`); one WARNING per outage, one INFO
         when it ends."""
@@ -174,7 +174,7 @@ class CycleRunner:
             )
 
     async def _after(
-        self, work: ThreadWork, batch: list[WalEntry], outcome: ApplyOutcome
+        self, work: ThreadWork, batch: list[Entry], outcome: ApplyOutcome
     ) -> ThreadWork | None:
         failures = self._count_failure(work.thread_id, outcome)
         if outcome.status is ApplyStatus.FAILED:
@@ -266,7 +266,7 @@ class CycleRunner:
         work.fetched.update((e.seq, e) for e in entries)
         return work
 
-    def _count_applied(self, batch: Sequence[WalEntry], flushed_seq: int) -> None:
+    def _count_applied(self, batch: Sequence[Entry], flushed_seq: int) -> None:
         """Count an APPLIED batch, and the flush lag of each of its entries: from the
         checkpoint to the commit that just returned (clamped at 0 for clock skew)."""
         committed = self.clock()

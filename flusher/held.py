@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from buffered_store.engine.entries import Entry
 from buffered_store.engine.ports import Delivered
-from buffered_store.threadrun.entry import WalEntry
 from flusher.policy import HeldSeq, Settle
 from flusher.stats import FlusherStats
 
@@ -25,7 +25,7 @@ class Held:
     """A fetched message the cycle holds, with its entry once decoded."""
 
     msg: Delivered
-    entry: WalEntry | None = None
+    entry: Entry | None = None
     settled: bool = False
 
     @property
@@ -40,13 +40,13 @@ class ThreadWork:
 
     thread_id: str
     held: list[Held]
-    fetched: dict[int, WalEntry] = field(default_factory=dict)
+    fetched: dict[int, Entry] = field(default_factory=dict)
 
     def unsettled(self) -> list[Held]:
         """Held messages not yet acked, nak'ed or terminated."""
         return [h for h in self.held if not h.settled]
 
-    def batch(self) -> list[WalEntry]:
+    def batch(self) -> list[Entry]:
         """Entries to apply: unsettled held ones and fetched ones, by seq, deduplicated."""
         by_seq = dict(self.fetched)
         for held in self.unsettled():

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from buffered_store.engine.entries import Entry
 from buffered_store.errors import StoreError
-from buffered_store.threadrun.entry import WalEntry
 from flusher.config import FlusherConfig
 from flusher.held import Held, Settler, ThreadWork
 from flusher.policy import Backoff, Settle, Undecodable, undecodable_action
@@ -105,7 +105,7 @@ class Poison:
         reason: str,
         seq: int | None,
         *,
-        culprit: WalEntry | None = None,
+        culprit: Entry | None = None,
     ) -> None:
         """Record entries in the thread's quarantine record, then terminate their messages.
 
@@ -135,7 +135,7 @@ class Poison:
         await self.settler.all(work.held, Settle.NAK, self.config.requeue_delay_s)
 
     def _culprit_record(
-        self, work: ThreadWork, held: list[Held], culprit: WalEntry, reason: str
+        self, work: ThreadWork, held: list[Held], culprit: Entry, reason: str
     ) -> QuarantineRecord:
         source = next((h for h in held if h.entry and h.entry.seq == culprit.seq), None)
         return QuarantineRecord(

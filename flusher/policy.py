@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
+from buffered_store.engine.entries import Entry, Format
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import thread_from_subject
 from buffered_store.errors import CorruptEntryError
-from buffered_store.threadrun.entry import WalEntry, decode_entry
 
 PREVIEW_BYTES = 32
 """Bytes of an undecodable payload kept (as hex) in its quarantine record."""
@@ -29,7 +30,9 @@ class Undecodable:
     """The thread its subject names, or None when the subject is not a thread subject."""
 
 
-def classify(stream: str, subject: str, data: bytes, stream_seq: int) -> WalEntry | Undecodable:
+def classify(
+    fmt: Format[Entry, Any], stream: str, subject: str, data: bytes, stream_seq: int
+) -> Entry | Undecodable:
     """Decode a fetched message, or say why it cannot be an entry.
 
     Decoding is deterministic, so an undecodable payload is never retried: the same bytes
@@ -39,7 +42,7 @@ def classify(stream: str, subject: str, data: bytes, stream_seq: int) -> WalEntr
     if thread_id is None:
         return Undecodable("subject is not a thread subject of the WAL", None)
     try:
-        entry = decode_entry(data, stream_seq=stream_seq)
+        entry = fmt.decode_entry(data, stream_seq=stream_seq)
     except CorruptEntryError as exc:
         return Undecodable(str(exc), thread_id)
     if entry.thread_id != thread_id:
@@ -125,7 +128,7 @@ class Backoff:
         return backoff_s(attempt, initial_s=self.initial_s, max_s=self.max_s)
 
 
-def mark_for(watermark: int, batch: Sequence[WalEntry]) -> tuple[int, int] | None:
+def mark_for(watermark: int, batch: Sequence[Entry]) -> tuple[int, int] | None:
     """The KV mark to raise for `watermark`, with the best stream seq the batch knows.
 
     The exact stream seq of the entry at `watermark` is used when the batch holds it; else
@@ -144,7 +147,7 @@ def mark_for(watermark: int, batch: Sequence[WalEntry]) -> tuple[int, int] | Non
 
 def plan_outcome(
     outcome: ApplyOutcome,
-    batch: Sequence[WalEntry],
+    batch: Sequence[Entry],
     held: Sequence[HeldSeq],
     *,
     failures: int,
@@ -201,17 +204,17 @@ class Isolation:
     culprit. Costs O(log n) apply calls per culprit instead of one per entry.
     """
 
-    def __init__(self, entries: Sequence[WalEntry]) -> None:
+    def __init__(self, entries: Sequence[Entry]) -> None:
         self.entries = sorted(entries, key=lambda e: e.seq)
         self.size = max(1, len(self.entries) // 2)
-        self.culprit: WalEntry | None = None
+        self.culprit: Entry | None = None
 
     @property
     def done(self) -> bool:
         """True once the culprit is found or nothing is left to try."""
         return self.culprit is not None or not self.entries
 
-    def chunk(self) -> list[WalEntry]:
+    def chunk(self) -> list[Entry]:
         """The prefix to try next."""
         return self.entries[: self.size]
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
+from buffered_store.engine.flushing import FlushSink
 from buffered_store.engine.ids import parse_time
 from buffered_store.engine.keys import encode_token
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import ThreadLog, flush_thread
 from buffered_store.errors import ConflictError, StoreError, ValidationError
-from buffered_store.threadrun.target import FlushTarget
 from flusher.policy import PREVIEW_BYTES, Undecodable, classify
 
 log = logging.getLogger("flusher.quarantine")
@@ -260,8 +260,8 @@ async def list_quarantine(wal: Wal) -> list[QuarantineRecord]:
 
 
 async def replay(
-    wal: Wal,
-    target: FlushTarget,
+    thread_log: ThreadLog[Any, Any],
+    target: FlushSink[Any],
     *,
     stream_seq: int | None = None,
     thread_id: str | None = None,
@@ -272,11 +272,12 @@ async def replay(
     Give the thread, or the stream seq of one of its records. A payload that is not an
     entry cannot be replayed (it holds no data to flush): `QuarantineError` says so,
     unless the payload decodes by now (a newer decoder), when its thread is flushed.
-    Raises `StoreError` when the thread still fails; its records then stay.
+    Raises `StoreError` when the thread still fails; its records then stay. The thread
+    log reads the entries of the front-end `target` flushes.
     """
     if (stream_seq is None) == (thread_id is None):
         raise ValidationError("replay needs exactly one of stream_seq or thread_id")
-    quarantine = Quarantine(wal)
+    quarantine = Quarantine(thread_log.wal)
     extra: list[str] = []
     if stream_seq is not None:
         record = await quarantine.message_record(stream_seq)
@@ -286,18 +287,22 @@ async def replay(
         if record.seq is not None and record.thread_id is not None:
             thread_id = record.thread_id
         else:
-            thread_id = await _thread_of_payload(wal, stream_seq, record)
+            thread_id = await _thread_of_payload(thread_log, stream_seq, record)
     assert thread_id is not None
-    return await _replay_thread(wal, target, quarantine, thread_id, extra)
+    return await _replay_thread(thread_log, target, quarantine, thread_id, extra)
 
 
-async def _thread_of_payload(wal: Wal, stream_seq: int, record: QuarantineRecord) -> str:
-    msg = await wal.get(stream_seq)
+async def _thread_of_payload(
+    thread_log: ThreadLog[Any, Any], stream_seq: int, record: QuarantineRecord
+) -> str:
+    msg = await thread_log.wal.get(stream_seq)
     if msg is None:
         raise QuarantineError(
             f"message {stream_seq} is no longer in the stream; drop its record instead"
         )
-    decoded = classify(wal.config.stream_name, msg.subject, msg.data, msg.seq)
+    decoded = classify(
+        thread_log.fmt, thread_log.config.stream_name, msg.subject, msg.data, msg.seq
+    )
     if isinstance(decoded, Undecodable):
         raise QuarantineError(
             f"message {stream_seq} is not a WAL entry ({record.reason}): it holds no "
@@ -308,9 +313,12 @@ async def _thread_of_payload(wal: Wal, stream_seq: int, record: QuarantineRecord
 
 
 async def _replay_thread(
-    wal: Wal, target: FlushTarget, quarantine: Quarantine, thread_id: str, extra: list[str]
+    thread_log: ThreadLog[Any, Any],
+    target: FlushSink[Any],
+    quarantine: Quarantine,
+    thread_id: str,
+    extra: list[str],
 ) -> ReplayResult:
-    thread_log = ThreadLog(wal, wal.config)
     record = await quarantine.thread_record(thread_id)
     if record is None and not extra:
         raise QuarantineError(f"thread {thread_id!r} is not quarantined")

@@ -21,10 +21,11 @@ from types import TracebackType
 from buffered_store.config import EngineConfig
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.ports import Delivered, Wal
-from buffered_store.engine.threadlog import ThreadLog, read_tail
+from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError, WalUnavailableError
 from buffered_store.metrics_core import HistogramSnapshot
 from buffered_store.nats import NatsWal
+from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry
 from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.target import FlushTarget
@@ -89,6 +90,7 @@ class Flusher:
         self._owns_wal = wal is None
         self._stats = FlusherStats()
         self._target: FlushTarget | None = None
+        self._thread_log: ThreadLog[WalEntry, HotRecord] | None = None
         self._runner: CycleRunner | None = None
         self._intake: Intake | None = None
         self._task: asyncio.Task[None] | None = None
@@ -131,7 +133,8 @@ class Flusher:
         if self._wal is None:
             self._wal = await NatsWal.connect(self.config, name=self.name)
         wal = self._wal
-        thread_log = ThreadLog(wal, self.config)
+        thread_log = ThreadLog(wal, self.config, FORMAT)
+        self._thread_log = thread_log
         if isinstance(self.inner, FlushTarget):
             self._target = self.inner
         else:
@@ -261,7 +264,8 @@ class Flusher:
         consumer = await self.wal.consumer_state()
         first = consumer.ack_floor + 1
         last = min(consumer.last_seq, first + BACKLOG_SCAN_LIMIT - 1)
-        tail = await read_tail(self.wal, self.config, first, last)
+        assert self._thread_log is not None
+        tail = await self._thread_log.read_tail(first, last)
         stats = self._stats
         stats.consumer_pending = consumer.num_pending
         stats.consumer_ack_pending = consumer.num_ack_pending

@@ -190,11 +190,12 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
     first `scan_limit` entries of the unacknowledged tail: the tail is in stream order,
     so the oldest entries are always read; beyond it `pending_threads` is a lower bound.
     """
+    from buffered_store.engine.entries import decode_flushed
     from buffered_store.engine.ids import utcnow
     from buffered_store.engine.keys import flushed_key
-    from buffered_store.engine.threadlog import group_by_thread, read_tail
+    from buffered_store.engine.threadlog import ThreadLog, group_by_thread
     from buffered_store.nats import NatsWal
-    from buffered_store.threadrun.entry import decode_flushed
+    from buffered_store.threadrun.entry import FORMAT
 
     wal = await NatsWal.connect(
         config,
@@ -209,7 +210,7 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
         first = consumer.ack_floor + 1
         last = consumer.last_seq
         by_thread = group_by_thread(
-            await read_tail(wal, config, first, min(last, first + scan_limit - 1))
+            await ThreadLog(wal, config, FORMAT).read_tail(first, min(last, first + scan_limit - 1))
         )
         marks = await wal.kv_get_many([flushed_key(t) for t in by_thread])
         now = utcnow()

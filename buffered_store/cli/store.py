@@ -91,18 +91,19 @@ def status(
 
 async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
     """The status report as a dict (shared by `status --json` and health checks)."""
+    from buffered_store.engine.entries import decode_flushed
     from buffered_store.engine.ids import utcnow
     from buffered_store.engine.keys import flushed_key
-    from buffered_store.engine.threadlog import ThreadLog, group_by_thread, tail_entries
+    from buffered_store.engine.threadlog import ThreadLog, group_by_thread
     from buffered_store.nats import NatsWal
-    from buffered_store.threadrun.entry import decode_flushed
+    from buffered_store.threadrun.entry import FORMAT
 
     wal = await NatsWal.connect(config, name="bufstore-status")
     try:
         consumer = await wal.consumer_state()
-        tail = await tail_entries(wal, config)
+        log = ThreadLog(wal, config, FORMAT)
+        tail = await log.tail_entries()
         by_thread = group_by_thread(tail)
-        log = ThreadLog(wal, config)
         threads = sorted(by_thread)
         hots, marks = await asyncio.gather(
             asyncio.gather(*(log.hot(t) for t in threads)),

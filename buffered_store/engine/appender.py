@@ -15,51 +15,97 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.ids import utcnow
-from buffered_store.engine.keys import decode_run_claim, hot_key, msg_id, run_key, wal_subject
+from buffered_store.engine.entries import E, Format, H, follows
+from buffered_store.engine.ids import check_aware, utcnow
+from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
-from buffered_store.threadrun.checkpointing import jump_seq
-from buffered_store.threadrun.entry import (
-    EntryKind,
-    HotRecord,
-    WalEntry,
-    advance_hot,
-    decode_entry,
-    decode_hot,
-    encode_hot_within,
-    seeded_hot,
-)
-from buffered_store.threadrun.messages import apply_delta
-from buffered_store.threadrun.planning import follows
-from buffered_store.threadrun.target import StoredThread
 
 log = logging.getLogger("buffered_store.engine.appender")
 
 MAX_CONFLICTS = 100
 
+S = TypeVar("S")
+"""What a front-end remembers of a thread at a cursor's seq (e.g. its message snapshot)."""
+
+
+def jump_seq(now: datetime) -> int:
+    """The seq after which a chain starts when the thread's stored seq cannot be read.
+
+    The writer of a thread the WAL has never seen asks the inner store where the thread's
+    seqs stand; when it cannot answer (the database is down), the first entry *jumps* to
+    this seq instead of guessing 1: microseconds since the epoch, above any seq a thread
+    can have reached (a checkpoint takes far longer than a microsecond, so even a chain
+    started by an earlier jump stays below), so the flush never mistakes the new entries
+    for stale ones.
+    """
+    check_aware(now, "now")
+    return int(now.timestamp() * 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Seeded(Generic[H, S]):
+    """Where a thread the WAL has never seen stands in the store behind the buffer."""
+
+    seq: int
+    """Its stored seq (0: the store does not hold it either)."""
+    hot: H | None
+    """The hot record to continue from (None when `seq` is 0)."""
+    state: S | None
+    """The front-end's state of the thread at `seq`."""
+
+
+class WriteFormat(Format[E, H], Protocol[E, H, S]):
+    """What the appender asks of a front-end: its hot records and cursor state.
+
+    The engine never looks inside a hot record beyond `HotView`, nor inside the state.
+    """
+
+    def advance_hot(self, previous: H | None, entry: E, stream_seq: int, *, window: int) -> H:
+        """The hot record after `entry` was stored at `stream_seq`."""
+        ...
+
+    def encode_hot(self, record: H, *, limit: int) -> bytes:
+        """KV bytes of a hot record, at most `limit` bytes (a KV value is a message)."""
+        ...
+
+    def with_recent(self, record: H, recent: tuple[tuple[int, int], ...]) -> H:
+        """The record with another `recent` list."""
+        ...
+
+    def known_state(self, hot: H | None, same_seq: S | None) -> S | None:
+        """The state at `hot`'s seq when it follows from `hot` alone (a new or deleted
+        thread), else `same_seq` (an older cursor's state at the same seq), else None."""
+        ...
+
+    def state_after(self, state: S | None, entry: E, *, owned: bool) -> S | None:
+        """The state after `entry` on top of `state` (None: unknown). With `owned`, the
+        caller gives `state` up, so it may be extended in place."""
+        ...
+
 
 @dataclass(slots=True)
-class Cursor:
+class Cursor(Generic[H, S]):
     """What this instance knows of a thread's WAL position."""
 
     seq: int
     """Highest thread seq known to be in the stream."""
     stream_seq: int
     """Stream seq of the last message on the thread's subject (the CAS expectation)."""
-    hot: HotRecord | None
+    hot: H | None
     """Hot record at `seq` (what the KV holds, or will once our update lands)."""
     revision: int | None
     """KV revision of the hot key (None: the key does not exist)."""
-    snapshot: list[bytes] | None
-    """Canonical message bytes at `seq`, when known (None: send a full snapshot)."""
+    state: S | None
+    """The front-end's state of the thread at `seq`, when known (None: unknown)."""
     runs: set[str] = field(default_factory=set)
-    """Run ids already claimed for this thread in KV by this instance."""
+    """Ids the front-end claimed for this thread in KV through this instance (run ids,
+    for the thread-run front-end); dropped when the thread is deleted."""
     jump: bool = False
     """The thread's stored seq could not be read: the next entry jumps (see `jump_seq`)."""
     hot_behind: bool = False
@@ -67,21 +113,21 @@ class Cursor:
     on the subject (a writer's KV update was lost). Readers do not see them yet."""
 
 
-class CursorCache:
+class CursorCache(Generic[H, S]):
     """Bounded LRU of cursors, one per recently written thread."""
 
     def __init__(self, capacity: int) -> None:
-        self._items: OrderedDict[str, Cursor] = OrderedDict()
+        self._items: OrderedDict[str, Cursor[H, S]] = OrderedDict()
         self._capacity = capacity
 
-    def get(self, thread_id: str) -> Cursor | None:
+    def get(self, thread_id: str) -> Cursor[H, S] | None:
         """The cursor, marked as recently used."""
         cursor = self._items.get(thread_id)
         if cursor is not None:
             self._items.move_to_end(thread_id)
         return cursor
 
-    def put(self, thread_id: str, cursor: Cursor) -> None:
+    def put(self, thread_id: str, cursor: Cursor[H, S]) -> None:
         """Store a cursor, evicting the least recently used one past capacity."""
         self._items[thread_id] = cursor
         self._items.move_to_end(thread_id)
@@ -134,22 +180,28 @@ class AppendAttempt:
     sent: bool = False
 
 
-class Writer:
-    """Appends entries for threads and keeps their hot records current."""
+class Writer(Generic[E, H, S]):
+    """Appends entries for threads and keeps their hot records current.
+
+    `seed` tells where a thread the WAL has never seen stands in the store behind the
+    buffer (None when that store cannot answer: the first entry then jumps).
+    """
 
     def __init__(
         self,
         wal: Wal,
         config: BufferedStoreConfig,
+        fmt: WriteFormat[E, H, S],
         *,
-        seed: Callable[[str], Awaitable[StoredThread | None]] | None = None,
+        seed: Callable[[str], Awaitable[Seeded[H, S] | None]] | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.wal = wal
         self.config = config
+        self.fmt = fmt
         self._seed = seed
         self._clock = clock
-        self.cursors = CursorCache(config.cursor_cache_threads)
+        self.cursors: CursorCache[H, S] = CursorCache(config.cursor_cache_threads)
         self.conflicts = 0
         self.wal_bytes = 0
         # Nonces: random per instance, then a counter (unique without a syscall per call).
@@ -168,7 +220,7 @@ class Writer:
         """WAL subject of a thread."""
         return wal_subject(self.config.stream_name, thread_id)
 
-    async def cursor(self, thread_id: str) -> Cursor:
+    async def cursor(self, thread_id: str) -> Cursor[H, S]:
         """This instance's cursor of the thread, loading it from NATS when unknown."""
         cursor = self.cursors.get(thread_id)
         if cursor is None:
@@ -176,7 +228,7 @@ class Writer:
             self.cursors.put(thread_id, cursor)
         return cursor
 
-    async def load_cursor(self, thread_id: str, old: Cursor | None) -> Cursor:
+    async def load_cursor(self, thread_id: str, old: Cursor[H, S] | None) -> Cursor[H, S]:
         """Rebuild the cursor from the hot record and the entries on the thread's subject.
 
         The stream is the source of truth for seqs: when the subject holds entries the hot
@@ -188,25 +240,30 @@ class Writer:
         value, last = await asyncio.gather(
             self.wal.kv_get(hot_key(thread_id)), self.wal.last_on(subject)
         )
-        hot = decode_hot(value.value) if value else None
+        hot = self.fmt.decode_hot(value.value) if value else None
         revision = value.revision if value else None
         # Run claims made through the old cursor hold while the thread was not deleted
         # since (a deleted thread's runs may have been claimed by other threads).
         runs = old.runs if old and (hot is None or hot.deleted_seq <= old.seq) else set()
         if last is None and hot is None:
             return await self._cold_cursor(thread_id, runs)
-        snapshot = _known_snapshot(hot, old)
+        state = self.fmt.known_state(
+            hot, old.state if old is not None and hot is not None and old.seq == hot.seq else None
+        )
         if last is None or (hot is not None and last.seq == hot.stream_seq):
             seq = hot.seq if hot else 0
             stream_seq = last.seq if last else 0
-            return Cursor(seq, stream_seq, hot, revision, snapshot, runs)
+            return Cursor(seq, stream_seq, hot, revision, state, runs)
         record = hot
         msg: StoredMsg | None = await self.wal.next_on(subject, hot.stream_seq + 1 if hot else 1)
         while msg is not None:
-            entry = _entry_of(thread_id, msg)
+            entry = self._entry_of(thread_id, msg)
             if entry is not None and (record is None or follows(entry, record.seq)):
-                snapshot = _advance_snapshot(snapshot if record else [], entry)
-                record = advance_hot(record, entry, msg.seq, window=self.config.recent_window)
+                base = state if record is not None else self.fmt.known_state(None, None)
+                state = self.fmt.state_after(base, entry, owned=False)
+                record = self.fmt.advance_hot(
+                    record, entry, msg.seq, window=self.config.recent_window
+                )
             if msg.seq >= last.seq:
                 break
             msg = await self.wal.next_on(subject, msg.seq + 1)
@@ -219,31 +276,31 @@ class Writer:
         if old is not None and record.deleted_seq > old.seq:
             runs = set()
         behind = hot is None or record.seq > hot.seq
-        return Cursor(record.seq, last.seq, record, revision, snapshot, runs, hot_behind=behind)
+        return Cursor(record.seq, last.seq, record, revision, state, runs, hot_behind=behind)
 
-    async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor:
+    async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor[H, S]:
         """The cursor of a thread the WAL has never seen (no entry, no hot record).
 
         The inner store may hold it (data written before the buffered store was put in
         front of it): its seqs continue there, or the flush would judge our entries stale.
         When the inner store cannot tell (it is down), the first entry jumps.
         """
+        empty = self.fmt.known_state(None, None)
         if self._seed is None:
-            return Cursor(0, 0, None, None, [], runs)
+            return Cursor(0, 0, None, None, empty, runs)
         stored = await self._seed(thread_id)
         if stored is None:
-            return Cursor(jump_seq(self._clock()), 0, None, None, [], runs, jump=True)
-        if stored.flushed_seq == 0:
-            return Cursor(0, 0, None, None, [], runs)
-        hot = seeded_hot(stored.flushed_seq, stored.thread)
-        return Cursor(stored.flushed_seq, 0, hot, None, list(stored.messages or []), runs)
+            return Cursor(jump_seq(self._clock()), 0, None, None, empty, runs, jump=True)
+        if stored.seq == 0:
+            return Cursor(0, 0, None, None, empty, runs)
+        return Cursor(stored.seq, 0, stored.hot, None, stored.state, runs)
 
     async def append(
         self,
         thread_id: str,
-        build: Callable[[Cursor], tuple[WalEntry, bytes]],
+        build: Callable[[Cursor[H, S]], tuple[E, bytes]],
         attempt: AppendAttempt,
-    ) -> tuple[WalEntry, int, Cursor]:
+    ) -> tuple[E, int, Cursor[H, S]]:
         """Publish the entry `build` makes from the current cursor, retrying on conflicts.
 
         Returns the published entry, its stream seq and the cursor it was built on;
@@ -266,9 +323,9 @@ class Writer:
     async def _publish(
         self,
         thread_id: str,
-        entry: WalEntry,
+        entry: E,
         payload: bytes,
-        cursor: Cursor,
+        cursor: Cursor[H, S],
         attempt: AppendAttempt,
     ) -> int:
         subject = self.subject(thread_id)
@@ -290,7 +347,7 @@ class Writer:
                 # on top since): look there whether it is ours.
                 if resent:
                     landed = await self._message_after(subject, cursor.stream_seq)
-                    if landed is not None and _is_ours(landed, entry):
+                    if landed is not None and self._is_ours(landed, entry):
                         return landed.seq
                 # Another message follows the one we expected: ours is not in the stream
                 # and can no longer land (its expectation is stale for good).
@@ -302,7 +359,7 @@ class Writer:
                 continue
             if duplicate:
                 stored = await self.wal.get(stream_seq)
-                if stored is None or not _is_ours(stored, entry):
+                if stored is None or not self._is_ours(stored, entry):
                     attempt.sent = False  # deduplicated against another writer's entry
                     raise ConflictError(f"seq {entry.seq} of {thread_id!r} is taken")
             return stream_seq
@@ -319,106 +376,73 @@ class Writer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def advance_hot(self, thread_id: str, record: HotRecord, revision: int | None) -> int:
+    async def advance_hot(self, thread_id: str, record: H, revision: int | None) -> int:
         """CAS the hot record forward; never moves it back. Returns the new revision."""
         key = hot_key(thread_id)
         delay = 0.02
         while True:
             try:
-                data = encode_hot_within(record, self.max_entry_bytes)
+                data = self.fmt.encode_hot(record, limit=self.max_entry_bytes)
                 return await self.wal.kv_swap(key, data, revision=revision)
             except ConflictError:
                 current = await self.wal.kv_get(key)
                 if current is not None:
-                    stored = decode_hot(current.value)
+                    stored = self.fmt.decode_hot(current.value)
                     if stored.seq >= record.seq:
                         return current.revision
-                    record = _merge_recent(record, stored, self.config.recent_window)
+                    record = self._merge_recent(record, stored)
                 revision = current.revision if current else None
             except WalUnavailableError:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def run_thread(self, run_id: str) -> str | None:
-        """The thread that claimed a run id, from the KV run claims."""
-        value = await self.wal.kv_get(run_key(run_id))
-        return decode_run_claim(value.value)[0] if value else None
-
     def record_written(
         self,
         thread_id: str,
-        entry: WalEntry,
+        entry: E,
         stream_seq: int,
-        base: Cursor,
-        snapshot: list[bytes] | None,
-    ) -> Cursor:
+        base: Cursor[H, S],
+        state: S | None,
+    ) -> Cursor[H, S]:
         """The cursor after `entry` was published at `stream_seq` on top of `base`.
 
-        `snapshot` is the thread's snapshot at `entry` when the caller knows it; None
-        derives it from `base` (an append: the base's snapshot, when known, extended).
+        `state` is the front-end's state at `entry` when the caller knows it; None
+        derives it from `base` (whose state the new cursor takes over).
         """
-        if snapshot is None:
-            snapshot = _appended_snapshot(base.snapshot, entry)
+        if state is None:
+            state = self.fmt.state_after(base.state, entry, owned=True)
         cursor = Cursor(
             seq=entry.seq,
             stream_seq=stream_seq,
-            hot=advance_hot(base.hot, entry, stream_seq, window=self.config.recent_window),
+            hot=self.fmt.advance_hot(base.hot, entry, stream_seq, window=self.config.recent_window),
             revision=base.revision,
-            snapshot=snapshot,
-            # A deleted thread holds no run: its claims may pass to other threads.
-            runs=set() if entry.kind is EntryKind.DELETE else base.runs,
+            state=state,
+            # A deleted thread holds no claim: its ids may pass to other threads.
+            runs=set() if entry.deletes else base.runs,
         )
         self.cursors.put(thread_id, cursor)
         return cursor
 
+    def _entry_of(self, thread_id: str, msg: StoredMsg) -> E | None:
+        try:
+            entry = self.fmt.decode_entry(msg.data, stream_seq=msg.seq)
+        except CorruptEntryError:
+            return None
+        return entry if entry.thread_id == thread_id else None
 
-def _entry_of(thread_id: str, msg: StoredMsg) -> WalEntry | None:
-    try:
-        entry = decode_entry(msg.data, stream_seq=msg.seq)
-    except CorruptEntryError:
-        return None
-    return entry if entry.thread_id == thread_id else None
+    def _is_ours(self, msg: StoredMsg, entry: E) -> bool:
+        stored = self._entry_of(entry.thread_id, msg)
+        return stored is not None and stored.seq == entry.seq and stored.writer == entry.writer
 
-
-def _is_ours(msg: StoredMsg, entry: WalEntry) -> bool:
-    stored = _entry_of(entry.thread_id, msg)
-    return stored is not None and stored.seq == entry.seq and stored.writer == entry.writer
-
-
-def _known_snapshot(hot: HotRecord | None, old: Cursor | None) -> list[bytes] | None:
-    if hot is None or hot.thread is None:
-        return []  # new or deleted thread: its snapshot is empty
-    if old is not None and old.seq == hot.seq:
-        return old.snapshot
-    return None
+    def _merge_recent(self, record: H, stored: H) -> H:
+        recent = merged_recent(record.recent, stored.recent, self.config.recent_window)
+        return self.fmt.with_recent(record, recent)
 
 
-def _advance_snapshot(snapshot: list[bytes] | None, entry: WalEntry) -> list[bytes] | None:
-    if entry.kind is EntryKind.DELETE:
-        return []
-    if entry.keep == 0:
-        return list(entry.messages)
-    if snapshot is None or entry.keep > len(snapshot):
-        return None
-    return apply_delta(snapshot, entry.keep, entry.messages)
-
-
-def _appended_snapshot(snapshot: list[bytes] | None, entry: WalEntry) -> list[bytes] | None:
-    """`_advance_snapshot` for the entry just written on top of the cursor that owns
-    `snapshot`: an append extends the list in place instead of copying the history.
-
-    Safe because that cursor is replaced by the new one and its list is nobody else's:
-    cursors hand their snapshot out only to readers that decode it before yielding.
-    """
-    extends = entry.kind is EntryKind.CHECKPOINT and entry.keep > 0
-    if extends and snapshot is not None and entry.keep == len(snapshot):
-        snapshot.extend(entry.messages)
-        return snapshot
-    return _advance_snapshot(snapshot, entry)
-
-
-def _merge_recent(record: HotRecord, stored: HotRecord, window: int) -> HotRecord:
-    merged = dict(stored.recent)
-    merged.update(record.recent)
-    recent = tuple(sorted(merged.items()))[-window:]
-    return replace(record, recent=recent)
+def merged_recent(
+    ours: tuple[tuple[int, int], ...], stored: tuple[tuple[int, int], ...], window: int
+) -> tuple[tuple[int, int], ...]:
+    """The newest `window` (seq, stream seq) pairs of both lists, ours winning a tie."""
+    merged = dict(stored)
+    merged.update(ours)
+    return tuple(sorted(merged.items()))[-window:]

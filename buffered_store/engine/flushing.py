@@ -7,8 +7,14 @@ thread; `FlushStatus` is how far a thread has been flushed. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, TypeVar, runtime_checkable
+
+from buffered_store.engine.entries import Entry
+
+E_contra = TypeVar("E_contra", bound=Entry, contravariant=True)
 
 
 class ApplyStatus(StrEnum):
@@ -56,3 +62,26 @@ class FlushStatus:
     def pending(self) -> int:
         """Checkpoints acknowledged but not yet in the inner store."""
         return max(0, self.latest_seq - max(self.flushed_seq, self.pending_from - 1))
+
+
+@runtime_checkable
+class FlushSink(Protocol[E_contra]):
+    """Where the engine flushes a front-end's entries: watermark-checked, atomic writes.
+
+    A front-end's flush target implements it (and whatever reads its overlay needs).
+    """
+
+    async def apply(self, batches: Sequence[Sequence[E_contra]]) -> list[ApplyOutcome]:
+        """Apply each thread's entries (one inner sequence per thread) with its watermark.
+
+        For each thread: lock its watermark, drop entries at or below it, report a GAP
+        when the first remaining entry does not follow it, else write the change and the
+        new watermark atomically. A failure of one thread is reported as FAILED without
+        affecting the others; losing the store itself raises `DatabaseUnavailableError`.
+        Returns one outcome per batch, in order.
+        """
+        ...
+
+    async def flushed_seqs(self, thread_ids: Sequence[str]) -> dict[str, int]:
+        """Watermarks of several threads (0 for unknown ones)."""
+        ...

@@ -22,13 +22,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic
 
 import orjson
 
+from buffered_store.engine.entries import Format, H
 from buffered_store.engine.keys import decode_token, hot_key
 from buffered_store.engine.ports import Wal
 from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
-from buffered_store.threadrun.entry import HotRecord, decode_hot
 
 log = logging.getLogger("buffered_store.engine.pending")
 
@@ -51,20 +52,20 @@ class Floor:
 
 
 @dataclass(frozen=True, slots=True)
-class HotAt:
+class HotAt(Generic[H]):
     """A thread's hot record and where it sits in the bucket's stream (its KV revision)."""
 
     thread_id: str
     kv_seq: int
-    record: HotRecord
+    record: H
 
 
 @dataclass(frozen=True, slots=True)
-class PendingThread:
+class PendingThread(Generic[H]):
     """A thread with entries above its flushed watermark."""
 
     thread_id: str
-    record: HotRecord
+    record: H
     flushed_seq: int
 
 
@@ -84,7 +85,7 @@ def decode_floor(data: bytes) -> Floor:
 
 def plan_floor(
     floor: Floor,
-    pending: Sequence[HotAt],
+    pending: Sequence[HotAt[Any]],
     scanned_upto: int,
     *,
     max_held_bytes: int = MAX_HELD_BYTES,
@@ -108,18 +109,21 @@ def plan_floor(
     return Floor(kv_seq, held)
 
 
-class PendingIndex:
-    """Finds the threads with unflushed entries (see the module docstring)."""
+class PendingIndex(Generic[H]):
+    """Finds the threads with unflushed entries (see the module docstring), among the
+    hot records of one front-end (`fmt`)."""
 
     def __init__(
         self,
         wal: Wal,
         flushed_seqs: Callable[[Sequence[str]], Awaitable[dict[str, int]]],
+        fmt: Format[Any, H],
     ) -> None:
         self.wal = wal
         self._flushed_seqs = flushed_seqs
+        self._fmt = fmt
 
-    async def scan(self) -> list[PendingThread]:
+    async def scan(self) -> list[PendingThread[H]]:
         """Pending threads, sorted by id; raises the floor when it can (best effort)."""
         current = await self.wal.kv_get(FLOOR_KEY)
         floor = decode_floor(current.value) if current else Floor()
@@ -127,13 +131,15 @@ class PendingIndex:
             self.wal.kv_get_many([hot_key(t) for t in floor.held]),
             self.wal.hot_updates("h.", floor.kv_seq),
         )
-        found: dict[str, HotAt] = {}
+        found: dict[str, HotAt[H]] = {}
         for thread_id, value in zip(floor.held, held, strict=True):
             if value is not None:
-                found[thread_id] = HotAt(thread_id, value.revision, decode_hot(value.value))
+                found[thread_id] = HotAt(
+                    thread_id, value.revision, self._fmt.decode_hot(value.value)
+                )
         upto = max((msg.seq for msg in scanned), default=floor.kv_seq - 1)
         for msg in scanned:
-            item = _hot_at(msg.subject, msg.seq, msg.data)
+            item = self._hot_at(msg.subject, msg.seq, msg.data)
             if item is not None:
                 found[item.thread_id] = item  # newer than a held copy
             else:
@@ -158,11 +164,10 @@ class PendingIndex:
             # The scan's answer stands; the next scan reads from the old floor again.
             log.debug("pending floor not stored", extra={"action": "floor_contended"})
 
-
-def _hot_at(key: str, kv_seq: int, data: bytes) -> HotAt | None:
-    token = key[2:]
-    try:
-        return HotAt(decode_token(token), kv_seq, decode_hot(data))
-    except Exception:  # not a hot record of ours: skip it rather than fail every list call
-        log.warning("unreadable hot record %s", key, extra={"action": "hot_record_unreadable"})
-        return None
+    def _hot_at(self, key: str, kv_seq: int, data: bytes) -> HotAt[H] | None:
+        token = key[2:]
+        try:
+            return HotAt(decode_token(token), kv_seq, self._fmt.decode_hot(data))
+        except Exception:  # not a hot record of ours: skip it rather than fail every list call
+            log.warning("unreadable hot record %s", key, extra={"action": "hot_record_unreadable"})
+            return None

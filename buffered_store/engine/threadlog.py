@@ -1,4 +1,4 @@
-"""Reading a thread's entries back from the WAL and flushing them to a `FlushTarget`.
+"""Reading a thread's entries back from the WAL and flushing them to a `FlushSink`.
 
 Shared by `force_flush` (inline, no flusher process needed), the read overlay and the
 flusher service, so every path applies entries the same way: in seq order, with no gap,
@@ -12,32 +12,31 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic
 
 from buffered_store.config import EngineConfig
-from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.entries import (
+    E,
+    FlushedMark,
+    Format,
+    H,
+    chain_after,
+    decode_flushed,
+    encode_flushed,
+)
+from buffered_store.engine.flushing import ApplyStatus, FlushSink
 from buffered_store.engine.keys import flushed_key, hot_key, thread_from_subject, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
-from buffered_store.threadrun.entry import (
-    FlushedMark,
-    HotRecord,
-    WalEntry,
-    decode_entry,
-    decode_flushed,
-    decode_hot,
-    encode_flushed,
-)
-from buffered_store.threadrun.planning import chain_after
-from buffered_store.threadrun.target import FlushTarget
 
 log = logging.getLogger("buffered_store.engine.threadlog")
 
 
 @dataclass(frozen=True, slots=True)
-class HotState:
+class HotState(Generic[H]):
     """A thread's hot record with its KV revision."""
 
-    record: HotRecord
+    record: H
     revision: int
 
 
@@ -46,16 +45,18 @@ MARK_CACHE_SIZE = 65_536
 ones are forgotten first)."""
 
 
-class ThreadLog:
-    """Per-thread views of the WAL: hot records, watermarks and entry ranges.
+class ThreadLog(Generic[E, H]):
+    """Per-thread views of the WAL: hot records, watermarks and entry ranges, of the
+    entries and hot records of one front-end (`fmt`).
 
     It remembers the KV revision of each flushed mark it wrote or read last, so raising a
     mark is usually one compare-and-set, without reading the key first.
     """
 
-    def __init__(self, wal: Wal, config: EngineConfig) -> None:
+    def __init__(self, wal: Wal, config: EngineConfig, fmt: Format[E, H]) -> None:
         self.wal = wal
         self.config = config
+        self.fmt = fmt
         self._marks: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """thread id -> (seq, KV revision) of its flushed mark, as last written or read."""
         self.mark_stats = {"cached_swaps": 0, "stale_revisions": 0, "reads": 0}
@@ -67,14 +68,14 @@ class ThreadLog:
         """WAL subject of a thread."""
         return wal_subject(self.config.stream_name, thread_id)
 
-    async def hot(self, thread_id: str) -> HotState | None:
+    async def hot(self, thread_id: str) -> HotState[H] | None:
         """The thread's hot record, or None when the WAL never saw it."""
         value = await self.wal.kv_get(hot_key(thread_id))
         if value is None:
             return None
-        return HotState(decode_hot(value.value), value.revision)
+        return HotState(self.fmt.decode_hot(value.value), value.revision)
 
-    async def latest(self, thread_id: str) -> tuple[HotState | None, int]:
+    async def latest(self, thread_id: str) -> tuple[HotState[H] | None, int]:
         """The hot record and the highest seq in the stream for the thread.
 
         The stream can be ahead of the hot record when a writer's KV update failed after
@@ -100,8 +101,8 @@ class ThreadLog:
         return mark
 
     async def entries_between(
-        self, thread_id: str, after: int, upto: int, hot: HotRecord | None
-    ) -> list[WalEntry]:
+        self, thread_id: str, after: int, upto: int, hot: H | None
+    ) -> list[E]:
         """The chain of entries applying on top of seq `after`, up to seq `upto`, in order.
 
         Uses the stream seqs cached in the hot record when they cover the range (one round
@@ -126,14 +127,14 @@ class ThreadLog:
 
     async def _cached(
         self, thread_id: str, after: int, upto: int, known: dict[int, int]
-    ) -> dict[int, WalEntry]:
+    ) -> dict[int, E]:
         """Entries of (after, upto] read by the stream seqs cached in the hot record, when
         they can make the whole chain: they reach `upto` without a hole and start right
         after `after`, or with a jump entry (only known once that first one is read)."""
         cached = sorted(seq for seq in known if after < seq <= upto)
         if not cached or cached[-1] != upto or cached[-1] - cached[0] + 1 != len(cached):
             return {}
-        found: dict[int, WalEntry] = {}
+        found: dict[int, E] = {}
         if cached[0] != after + 1:
             first = await self.wal.get(known[cached[0]])
             entry = self._decode(thread_id, first) if first is not None else None
@@ -149,7 +150,7 @@ class ThreadLog:
 
     async def _walk(
         self, thread_id: str, after: int, upto: int, known: dict[int, int]
-    ) -> dict[int, WalEntry]:
+    ) -> dict[int, E]:
         # Entries of one subject sit in seq order (each publish is a per-subject CAS), so
         # the walk can start at the newest stream position known to be at or below `after`.
         start = 1
@@ -160,7 +161,7 @@ class ThreadLog:
         if below:
             start = max(start, max(below) + 1)
         subject = self.subject(thread_id)
-        found: dict[int, WalEntry] = {}
+        found: dict[int, E] = {}
         msg = await self.wal.next_on(subject, start)
         while msg is not None:
             entry = self._decode(thread_id, msg)
@@ -172,12 +173,42 @@ class ThreadLog:
             msg = await self.wal.next_on(subject, msg.seq + 1)
         return found
 
-    def _decode(self, thread_id: str, msg: StoredMsg) -> WalEntry | None:
+    def _decode(self, thread_id: str, msg: StoredMsg) -> E | None:
         try:
-            entry = decode_entry(msg.data, stream_seq=msg.seq)
+            entry = self.fmt.decode_entry(msg.data, stream_seq=msg.seq)
         except CorruptEntryError:
             return None  # garbage on the subject holds no seq; the flusher quarantines it
         return entry if entry.thread_id == thread_id else None
+
+    async def tail_entries(self) -> list[E]:
+        """Entries of the WAL tail: between the flusher consumer's ack floor and the end.
+
+        Everything unflushed is there (and maybe some flushed entries acked out of order).
+        Costs O(tail entries), read with concurrent direct gets.
+        """
+        first, last = await self.wal.tail_bounds()
+        return await self.read_tail(first, last)
+
+    async def pending_threads(self) -> list[str]:
+        """Threads with entries in the WAL tail, sorted."""
+        return sorted({entry.thread_id for entry in await self.tail_entries()})
+
+    async def read_tail(self, first: int, last: int) -> list[E]:
+        """Decodable thread entries with stream seq in [first, last], in stream order."""
+        out: list[E] = []
+        if last < first:
+            return out
+        for msg in await self.wal.get_many(list(range(first, last + 1)), parallel=256):
+            thread_id = thread_from_subject(self.config.stream_name, msg.subject)
+            if thread_id is None:
+                continue
+            try:
+                entry = self.fmt.decode_entry(msg.data, stream_seq=msg.seq)
+            except CorruptEntryError:
+                continue
+            if entry.thread_id == thread_id:
+                out.append(entry)
+        return out
 
     async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
         """Raise the KV flushed watermark to `seq` (never lowers it).
@@ -224,7 +255,7 @@ class ThreadLog:
             self._marks.popitem(last=False)
 
 
-async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> int:
+async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: str) -> int:
     """Apply every entry of the thread acknowledged so far; return the flushed seq.
 
     Works without any flusher running; safe against concurrent flushers (the target
@@ -248,43 +279,9 @@ async def flush_thread(log_: ThreadLog, target: FlushTarget, thread_id: str) -> 
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
 
 
-async def tail_entries(wal: Wal, config: EngineConfig) -> list[WalEntry]:
-    """Entries of the WAL tail: between the flusher consumer's ack floor and the end.
-
-    Everything unflushed is there (and maybe some flushed entries acked out of order).
-    Costs O(tail entries), read with concurrent direct gets.
-    """
-    first, last = await wal.tail_bounds()
-    return await read_tail(wal, config, first, last)
-
-
-async def pending_threads(wal: Wal, config: EngineConfig) -> list[str]:
-    """Threads with entries in the WAL tail, sorted."""
-    return sorted({entry.thread_id for entry in await tail_entries(wal, config)})
-
-
-async def read_tail(wal: Wal, config: EngineConfig, first: int, last: int) -> list[WalEntry]:
-    """Decodable thread entries with stream seq in [first, last], in stream order."""
-
-    out: list[WalEntry] = []
-    if last < first:
-        return out
-    for msg in await wal.get_many(list(range(first, last + 1)), parallel=256):
-        thread_id = thread_from_subject(config.stream_name, msg.subject)
-        if thread_id is None:
-            continue
-        try:
-            entry = decode_entry(msg.data, stream_seq=msg.seq)
-        except CorruptEntryError:
-            continue
-        if entry.thread_id == thread_id:
-            out.append(entry)
-    return out
-
-
-def group_by_thread(entries: Sequence[WalEntry]) -> dict[str, list[WalEntry]]:
+def group_by_thread(entries: Sequence[E]) -> dict[str, list[E]]:
     """Entries per thread, each list in seq order."""
-    groups: dict[str, list[WalEntry]] = {}
+    groups: dict[str, list[E]] = {}
     for entry in entries:
         groups.setdefault(entry.thread_id, []).append(entry)
     for items in groups.values():

@@ -158,20 +158,6 @@ def build_delete_entry(
     )
 
 
-def jump_seq(now: datetime) -> int:
-    """The seq after which a chain starts when the thread's stored seq cannot be read.
-
-    The writer of a thread the WAL has never seen asks the inner store where the thread's
-    seqs stand; when it cannot answer (the database is down), the first entry *jumps* to
-    this seq instead of guessing 1: microseconds since the epoch, above any seq a thread
-    can have reached (a checkpoint takes far longer than a microsecond, so even a chain
-    started by an earlier jump stays below), so the flush never mistakes the new entries
-    for stale ones.
-    """
-    check_aware(now, "now")
-    return int(now.timestamp() * 1_000_000)
-
-
 def check_page(limit: Any, offset: Any) -> None:
     """Validate `limit`/`offset` of list calls."""
     for name, value in (("limit", limit), ("offset", offset)):

@@ -7,7 +7,7 @@ carries the full thread summary at its seq, so readers and flushers never derive
 
 Entries of a thread normally follow each other: seq, seq + 1, ... A *jump* entry starts a
 chain whose predecessor is unknown (its writer could not read the inner store to learn
-where the thread's seqs stand, see `checkpointing.jump_seq`): it carries a full snapshot
+where the thread's seqs stand, see `engine.appender.jump_seq`): it carries a full snapshot
 and applies on top of any stored state with a lower seq.
 """
 
@@ -23,7 +23,7 @@ import orjson
 
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
-from buffered_store.threadrun.messages import canonical_objects, decode_message
+from buffered_store.threadrun.messages import apply_delta, canonical_objects, decode_message
 from buffered_store.threadrun.records import Message, RunRecord, Thread
 
 WIRE_VERSION = 1
@@ -59,6 +59,11 @@ class WalEntry:
     """The entry starts a chain: it follows any lower seq, not only `seq - 1`."""
     stream_seq: int = 0
     """Where the entry sits in the stream, when read back from it (not encoded)."""
+
+    @property
+    def deletes(self) -> bool:
+        """The entry deletes its thread."""
+        return self.kind is EntryKind.DELETE
 
     @property
     def thread(self) -> Thread | None:
@@ -328,28 +333,65 @@ def decode_hot(data: bytes) -> HotRecord:
         raise CorruptEntryError(f"malformed hot record: {exc!r}") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class FlushedMark:
-    """The thread's flushed watermark in KV (`f.<thread>`), raised after each commit."""
-
-    seq: int
-    stream_seq: int
-
-
-def encode_flushed(mark: FlushedMark) -> bytes:
-    """KV bytes of a flushed watermark."""
-    return orjson.dumps({"s": mark.seq, "ss": mark.stream_seq})
-
-
-def decode_flushed(data: bytes) -> FlushedMark:
-    """Flushed watermark from KV bytes."""
-    try:
-        raw = orjson.loads(data)
-        return FlushedMark(int(raw["s"]), int(raw["ss"]))
-    except Exception as exc:
-        raise CorruptEntryError(f"malformed flushed watermark: {exc!r}") from exc
-
-
 def messages_of(data: Sequence[bytes]) -> list[Message]:
     """Decode canonical message bytes to dicts."""
     return [decode_message(item) for item in data]
+
+
+class ThreadRunFormat:
+    """The thread-run front-end as the engine sees it: its entries, its hot records and,
+    as the writer's cursor state, the thread's canonical message snapshot
+    (`buffered_store.engine.appender.WriteFormat`)."""
+
+    def decode_entry(self, payload: bytes, *, stream_seq: int = 0) -> WalEntry:
+        """`decode_entry`."""
+        return decode_entry(payload, stream_seq=stream_seq)
+
+    def decode_hot(self, data: bytes) -> HotRecord:
+        """`decode_hot`."""
+        return decode_hot(data)
+
+    def advance_hot(
+        self, previous: HotRecord | None, entry: WalEntry, stream_seq: int, *, window: int
+    ) -> HotRecord:
+        """`advance_hot`."""
+        return advance_hot(previous, entry, stream_seq, window=window)
+
+    def encode_hot(self, record: HotRecord, *, limit: int) -> bytes:
+        """`encode_hot_within`."""
+        return encode_hot_within(record, limit)
+
+    def with_recent(self, record: HotRecord, recent: tuple[tuple[int, int], ...]) -> HotRecord:
+        """The record with another `recent` list."""
+        return replace(record, recent=recent)
+
+    def known_state(
+        self, hot: HotRecord | None, same_seq: list[bytes] | None
+    ) -> list[bytes] | None:
+        """A new or deleted thread's snapshot is empty; otherwise only a cursor at the
+        same seq knows it."""
+        if hot is None or hot.thread is None:
+            return []
+        return same_seq
+
+    def state_after(
+        self, state: list[bytes] | None, entry: WalEntry, *, owned: bool
+    ) -> list[bytes] | None:
+        """The snapshot after `entry`. An owned snapshot that the entry extends is
+        extended in place instead of copying the history: safe because its cursor is
+        replaced by the new one and cursors hand their snapshot out only to readers that
+        decode it before yielding."""
+        if entry.kind is EntryKind.DELETE:
+            return []
+        if entry.keep == 0:
+            return list(entry.messages)
+        if state is None or entry.keep > len(state):
+            return None
+        if owned and entry.keep == len(state):
+            state.extend(entry.messages)
+            return state
+        return apply_delta(state, entry.keep, entry.messages)
+
+
+FORMAT = ThreadRunFormat()
+"""The one instance the store, the flusher and the tools hand to the engine."""

@@ -41,7 +41,7 @@ from buffered_store.errors import (
     DatabaseUnavailableError,
     StoreError,
 )
-from buffered_store.threadrun.entry import EntryKind, WalEntry
+from buffered_store.threadrun.entry import EntryKind, HotRecord, WalEntry
 from buffered_store.threadrun.messages import decode_message, encode_message
 from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
 from buffered_store.threadrun.protocol import ThreadRunStore
@@ -86,7 +86,7 @@ class KvWatermarks:
     """Watermarks in the KV flushed marks (``f.<thread>``) that flushers raise anyway:
     shared by every process of the deployment and kept across restarts."""
 
-    def __init__(self, thread_log: ThreadLog) -> None:
+    def __init__(self, thread_log: ThreadLog[WalEntry, HotRecord]) -> None:
         self.thread_log = thread_log
 
     async def get_many(self, thread_ids: Sequence[str]) -> dict[str, int]:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from buffered_store.engine.entries import chain_after, follows
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.entry import EntryKind, WalEntry
 from buffered_store.threadrun.messages import apply_delta
@@ -35,38 +36,6 @@ class Plan:
     """For APPLY: the entries above the watermark, in seq order, deduplicated."""
     missing_from: int = 0
     """For GAP: the first missing seq (watermark + 1)."""
-
-
-def follows(entry: WalEntry, seq: int) -> bool:
-    """Whether `entry` applies right on top of a thread state at `seq`.
-
-    The next entry of a chain has seq + 1; a jump entry (a chain whose predecessor its
-    writer could not know) applies on top of any lower seq.
-    """
-    return entry.seq == seq + 1 or (entry.jump and entry.seq > seq)
-
-
-def chain_after(entries: Iterable[WalEntry], seq: int) -> list[WalEntry]:
-    """The entries that apply one after the other on top of `seq`, in order.
-
-    From `seq`, take the entry at seq + 1, else the lowest jump entry above; stop at the
-    first hole. Entries at or below `seq` and duplicates are ignored.
-    """
-    by_seq: dict[int, WalEntry] = {}
-    for entry in entries:
-        if entry.seq > seq:
-            by_seq.setdefault(entry.seq, entry)
-    jumps = sorted(s for s, entry in by_seq.items() if entry.jump)
-    chain: list[WalEntry] = []
-    while True:
-        nxt = by_seq.get(seq + 1)
-        if nxt is None:
-            later = [s for s in jumps if s > seq]
-            if not later:
-                return chain
-            nxt = by_seq[later[0]]
-        chain.append(nxt)
-        seq = nxt.seq
 
 
 def plan_entries(entries: Iterable[WalEntry], flushed_seq: int) -> Plan:

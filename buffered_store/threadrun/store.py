@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from buffered_store.config import BufferedStoreConfig, ReadConsistency
-from buffered_store.engine.appender import AppendAttempt, Cursor, ThreadLocks, Writer
+from buffered_store.engine.appender import AppendAttempt, Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.engine.keys import decode_run_claim, encode_run_claim, run_key
@@ -46,7 +46,15 @@ from buffered_store.threadrun.checkpointing import (
     run_owned_elsewhere,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import EntryKind, WalEntry, encode_entry, messages_of
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    EntryKind,
+    HotRecord,
+    WalEntry,
+    encode_entry,
+    messages_of,
+    seeded_hot,
+)
 from buffered_store.threadrun.planning import ThreadView, fold
 from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.records import (
@@ -69,6 +77,10 @@ Versions = dict[str, tuple[RunRecord, int]]
 
 FAILURE_KINDS = ("invalid", "unavailable", "commit_unknown", "cancelled", "error")
 """Causes of failed checkpoints, as counted in `stats()` (``checkpoints_<kind>``)."""
+
+
+RunCursor = Cursor[HotRecord, list[bytes]]
+"""A writer's cursor of a thread: hot record and message snapshot."""
 
 
 class _Connecting:
@@ -109,9 +121,11 @@ class BufferedThreadRunStore:
         self.wal = wal
         self.config = config
         self._clock = clock
-        self._writer = Writer(wal, config, seed=self._seed_from_inner, clock=clock)
-        self._log = ThreadLog(wal, config)
-        self._pending = PendingIndex(wal, target.flushed_seqs)
+        self._writer: Writer[WalEntry, HotRecord, list[bytes]] = Writer(
+            wal, config, FORMAT, seed=self._seed_from_inner, clock=clock
+        )
+        self._log = ThreadLog(wal, config, FORMAT)
+        self._pending = PendingIndex(wal, target.flushed_seqs, FORMAT)
         self._locks = ThreadLocks()
         self._closed = False
         self._stats: dict[str, float] = {
@@ -154,7 +168,7 @@ class BufferedThreadRunStore:
             from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 
             # Watermarks in the KV flushed marks: shared with every flusher process.
-            target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config)))
+            target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config, FORMAT)))
         return cls(inner, target, wal, config, clock=clock)
 
     async def __aenter__(self) -> BufferedThreadRunStore:
@@ -231,14 +245,14 @@ class BufferedThreadRunStore:
             messages,
             run,
             metadata,
-            previous=cached.snapshot if cached else None,
+            previous=cached.state if cached else None,
             append=append,
         )
         # An append's snapshot follows from the cursor it lands on (see `record_written`).
         snapshot = None if append else call.encoded
         nonce = self._writer.nonce()
 
-        def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
+        def build(cursor: RunCursor) -> tuple[WalEntry, bytes]:
             if run.run_id not in cursor.runs:
                 raise _ClaimLost
             if append and cursor.jump:
@@ -253,7 +267,7 @@ class BufferedThreadRunStore:
             entry = build_checkpoint_entry(
                 call,
                 previous=cursor.hot.thread if cursor.hot else None,
-                previous_messages=cursor.snapshot,
+                previous_messages=cursor.state,
                 seq=cursor.seq + 1,
                 now=self._clock(),
                 writer=nonce,
@@ -306,7 +320,7 @@ class BufferedThreadRunStore:
         check_id(thread_id, "thread_id")
         nonce = self._writer.nonce()
 
-        def build(cursor: Cursor) -> tuple[WalEntry, bytes]:
+        def build(cursor: RunCursor) -> tuple[WalEntry, bytes]:
             entry = build_delete_entry(
                 thread_id, seq=cursor.seq + 1, now=self._clock(), writer=nonce, jump=cursor.jump
             )
@@ -328,7 +342,7 @@ class BufferedThreadRunStore:
 
         await self._locks.run(thread_id, write)
 
-    async def _show_hot(self, thread_id: str, cursor: Cursor) -> None:
+    async def _show_hot(self, thread_id: str, cursor: RunCursor) -> None:
         """Advance the KV hot record to the cursor's, found on the subject past it."""
         assert cursor.hot is not None
         try:
@@ -420,7 +434,7 @@ class BufferedThreadRunStore:
             return False  # claimed by someone else meanwhile: judge the new claim
         return True
 
-    def _encode(self, entry: WalEntry, cursor: Cursor) -> bytes:
+    def _encode(self, entry: WalEntry, cursor: RunCursor) -> bytes:
         payload = encode_entry(entry)
         if len(payload) > self._writer.max_entry_bytes:
             raise PayloadTooLargeError(
@@ -433,7 +447,7 @@ class BufferedThreadRunStore:
     async def _write(
         self,
         thread_id: str,
-        build: Callable[[Cursor], tuple[WalEntry, bytes]],
+        build: Callable[[RunCursor], tuple[WalEntry, bytes]],
         snapshot: list[bytes] | None,
         deadline: float | None = None,
     ) -> tuple[WalEntry, int]:
@@ -477,7 +491,7 @@ class BufferedThreadRunStore:
             raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
         return entry, stream_seq
 
-    async def _seed_from_inner(self, thread_id: str) -> StoredThread | None:
+    async def _seed_from_inner(self, thread_id: str) -> Seeded[HotRecord, list[bytes]] | None:
         """The inner store's state of a thread the WAL has never seen, if it answers soon.
 
         When it does not (Postgres down), the checkpoint goes ahead as a new thread:
@@ -487,7 +501,7 @@ class BufferedThreadRunStore:
         """
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
-                return await self.target.read_thread(thread_id, with_messages=True)
+                stored = await self.target.read_thread(thread_id, with_messages=True)
         except (StoreError, TimeoutError) as exc:
             log.warning(
                 "could not read a new thread's stored state; treating it as new (%s)",
@@ -495,16 +509,25 @@ class BufferedThreadRunStore:
                 extra={"action": "cold_thread_unverified"},
             )
             return None
+        if stored.flushed_seq == 0:
+            return Seeded(0, None, [])
+        hot = seeded_hot(stored.flushed_seq, stored.thread)
+        return Seeded(stored.flushed_seq, hot, list(stored.messages or []))
+
+    async def _run_thread(self, run_id: str) -> str | None:
+        """The thread that claimed a run id, from the KV run claims."""
+        value = await self.wal.kv_get(run_key(run_id))
+        return decode_run_claim(value.value)[0] if value else None
 
     async def _prime_snapshot(self, thread_id: str) -> bool:
         cursor = await self._writer.cursor(thread_id)
-        if cursor.snapshot is not None:
+        if cursor.state is not None:
             return False
         view = await self._view(thread_id)
         if view.seq != cursor.seq:
             self._writer.cursors.drop(thread_id)
             return True
-        cursor.snapshot = view.messages
+        cursor.state = view.messages
         return True
 
     # -- reads --------------------------------------------------------------------------
@@ -538,7 +561,7 @@ class BufferedThreadRunStore:
         self._check_open()
         check_id(run_id, "run_id")
         if self.config.read_consistency is not ReadConsistency.READ_YOUR_WRITES:
-            thread_id = await self._writer.run_thread(run_id)
+            thread_id = await self._run_thread(run_id)
             if thread_id is not None:
                 await self._inner_only(thread_id)
             return await self.inner.load_run(run_id)
@@ -547,7 +570,7 @@ class BufferedThreadRunStore:
     async def _load_run_overlay(self, run_id: str) -> RunRecord | None:
         """The newest version of a run: stored, or in its thread's unflushed entries."""
         indexed, stored = await asyncio.gather(
-            self._writer.run_thread(run_id), self.target.read_run(run_id)
+            self._run_thread(run_id), self.target.read_run(run_id)
         )
         thread_id = indexed or (stored.run.thread_id if stored else None)
         if thread_id is None:
@@ -653,7 +676,7 @@ class BufferedThreadRunStore:
     async def _view(self, thread_id: str) -> ThreadView:
         """The thread with its messages as of the latest acknowledged checkpoint."""
         cursor = self._writer.cursors.get(thread_id)
-        if cursor is not None and cursor.snapshot is not None:
+        if cursor is not None and cursor.state is not None:
             hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
             # This instance's snapshot is the latest when the hot record is at it, unless
             # the thread was flushed past the hot record (an entry whose hot-record update
@@ -664,7 +687,7 @@ class BufferedThreadRunStore:
                 and (mark is None or mark.seq <= cursor.seq)
             ):
                 return ThreadView(
-                    seq=cursor.seq, thread=hot.record.thread, messages=cursor.snapshot, runs={}
+                    seq=cursor.seq, thread=hot.record.thread, messages=cursor.state, runs={}
                 )
             stored = await self.target.read_thread(thread_id, with_messages=True)
         else:
@@ -702,7 +725,7 @@ class BufferedThreadRunStore:
         found = await asyncio.gather(*(self._runs_above(p) for p in pending))
         return {p.thread_id: runs for p, runs in zip(pending, found, strict=True)}
 
-    async def _runs_above(self, pending: PendingThread) -> tuple[Versions, int]:
+    async def _runs_above(self, pending: PendingThread[HotRecord]) -> tuple[Versions, int]:
         """Run versions written above the flushed seq: from the hot record when it covers
         them (no entry read), else from the entries themselves."""
         record, flushed = pending.record, pending.flushed_seq

@@ -10,11 +10,10 @@ the at-least-once `GenericFlushTarget`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from buffered_store.engine.flushing import ApplyOutcome
+from buffered_store.engine.flushing import FlushSink
 from buffered_store.threadrun.entry import WalEntry
 from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
 
@@ -41,19 +40,9 @@ class VersionedRun:
 
 
 @runtime_checkable
-class FlushTarget(Protocol):
-    """Versioned reads and watermark-checked writes of an inner store."""
-
-    async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
-        """Apply each thread's entries (one inner sequence per thread) with its watermark.
-
-        For each thread the store locks its watermark, drops entries at or below it,
-        reports a GAP when the first remaining entry is not watermark + 1, and otherwise
-        writes the coalesced change and the new watermark atomically. A failure of one
-        thread is reported as FAILED without affecting the others; losing the database
-        itself raises `DatabaseUnavailableError`. Returns one outcome per batch, in order.
-        """
-        ...
+class FlushTarget(FlushSink[WalEntry], Protocol):
+    """Versioned reads and watermark-checked writes of an inner store: the engine's
+    `FlushSink` of thread-run entries, plus the reads the buffered store overlays."""
 
     async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
         """The stored thread and its watermark, consistently."""
@@ -71,10 +60,6 @@ class FlushTarget(Protocol):
 
     async def read_threads(self, *, limit: int, offset: int) -> list[StoredThread]:
         """Stored live threads in `list_threads` order, with their watermarks (no messages)."""
-        ...
-
-    async def flushed_seqs(self, thread_ids: Sequence[str]) -> dict[str, int]:
-        """Watermarks of several threads (0 for unknown ones)."""
         ...
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from buffered_store.engine.threadlog import ThreadLog
+from buffered_store.threadrun.entry import FORMAT
 from tests.e2e.conftest import child_env
 from tests.e2e.procs.writer import snapshot
 from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory
@@ -94,7 +95,7 @@ async def test_two_processes_checkpoint_one_thread_with_unique_gap_free_seqs(
     assert sorted(owner) == list(range(1, total + 1))
     assert conflicts > 0, "the two writers never overlapped: the test proved nothing"
 
-    log = ThreadLog(store.wal, store.config)
+    log = ThreadLog(store.wal, store.config, FORMAT)
     hot = await log.hot(thread)
     assert hot is not None
     assert hot.record.seq == total

@@ -28,6 +28,7 @@ import pytest
 
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.testing import InnerStore, make_run
+from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.records import Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.e2e.conftest import child_env
@@ -64,7 +65,7 @@ class Workload:
                 self.runs[run.run_id] = run
 
     async def assert_flushed(self, inner: InnerStore) -> None:
-        log = ThreadLog(self.store.wal, self.store.config)
+        log = ThreadLog(self.store.wal, self.store.config, FORMAT)
         seqs = await inner.flushed_seqs(self.threads)
         for thread in self.threads:
             step = self.step[thread]
@@ -191,7 +192,7 @@ async def test_killed_flusher_loses_nothing_and_applies_nothing_twice(
         # The hook fires on the first batch (every entry is pending when the flusher
         # starts). after_commit: Postgres is ahead of the KV marks; mid_batch: nothing
         # was applied. Either way nothing was acked.
-        log = ThreadLog(store.wal, store.config)
+        log = ThreadLog(store.wal, store.config, FORMAT)
         stored = await inner.flushed_seqs(work.threads)
         marks = {t: await log.mark(t) for t in work.threads}
         marked = {t: m.seq if m else 0 for t, m in marks.items()}

@@ -18,7 +18,7 @@ from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, FlushTimeoutError, StoreError
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.entry import WalEntry
+from buffered_store.threadrun.entry import FORMAT, WalEntry
 from buffered_store.threadrun.records import Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import StoreFactory
@@ -30,7 +30,7 @@ def tid(prefix: str = "t") -> str:
 
 async def wal_entries(store: BufferedThreadRunStore, thread_id: str, upto: int) -> list[WalEntry]:
     """Entries 1..upto of a thread, read back from the stream."""
-    log = ThreadLog(store.wal, store.config)
+    log = ThreadLog(store.wal, store.config, FORMAT)
     hot = await log.hot(thread_id)
     return await log.entries_between(thread_id, 0, upto, hot.record if hot else None)
 

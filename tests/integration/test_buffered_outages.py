@@ -20,6 +20,7 @@ from buffered_store.errors import CommitUnknownError, StoreError, WalUnavailable
 from buffered_store.nats import NatsWal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import InnerStore, make_messages, make_run
+from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import StoreFactory
 
@@ -35,7 +36,7 @@ async def assert_wal_holds(
     store: BufferedThreadRunStore, thread_id: str, acked: dict[int, int]
 ) -> None:
     """Every acknowledged checkpoint (seq -> message count) is in the WAL, gap-free."""
-    log = ThreadLog(store.wal, store.config)
+    log = ThreadLog(store.wal, store.config, FORMAT)
     hot = await log.hot(thread_id)
     assert hot is not None
     entries = {

@@ -23,6 +23,7 @@ from buffered_store.errors import (
 )
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.records import CheckpointReceipt
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from buffered_store.threadrun.target import StoredThread
@@ -38,7 +39,9 @@ def fail_next_hot_update(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = Writer.advance_hot
     failures: list[int] = []
 
-    async def advance_hot(self: Writer, thread_id: str, record: Any, revision: Any) -> int:
+    async def advance_hot(
+        self: Writer[Any, Any, Any], thread_id: str, record: Any, revision: Any
+    ) -> int:
         if not failures:
             failures.append(record.seq)
             raise WalUnavailableError("KV unreachable (injected)")
@@ -50,7 +53,7 @@ def fail_next_hot_update(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 async def wal_seqs(store: BufferedThreadRunStore, thread_id: str) -> list[int]:
     """Thread seqs of every decodable entry on the thread's subject, in stream order."""
-    log = ThreadLog(store.wal, store.config)
+    log = ThreadLog(store.wal, store.config, FORMAT)
     subject = wal_subject(store.config.stream_name, thread_id)
     seqs: list[int] = []
     msg = await store.wal.next_on(subject, 1)

@@ -26,7 +26,7 @@ from buffered_store.errors import (
 )
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.entry import EntryKind, WalEntry, encode_entry
+from buffered_store.threadrun.entry import FORMAT, EntryKind, WalEntry, encode_entry
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter, jetstream
 
@@ -37,8 +37,8 @@ def tid(prefix: str = "t") -> str:
 
 async def stored_seqs(store: BufferedThreadRunStore, thread_id: str, upto: int) -> list[int]:
     """Thread seqs of the WAL entries 1..upto of a thread, read back from the stream."""
-    hot = await ThreadLog(store.wal, store.config).hot(thread_id)
-    entries = await ThreadLog(store.wal, store.config).entries_between(
+    hot = await ThreadLog(store.wal, store.config, FORMAT).hot(thread_id)
+    entries = await ThreadLog(store.wal, store.config, FORMAT).entries_between(
         thread_id, 0, upto, hot.record if hot else None
     )
     return [e.seq for e in entries]
@@ -257,7 +257,9 @@ def fail_next_hot_update(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = Writer.advance_hot
     failures: list[int] = []
 
-    async def advance_hot(self: Writer, thread_id: str, record: Any, revision: Any) -> int:
+    async def advance_hot(
+        self: Writer[Any, Any, Any], thread_id: str, record: Any, revision: Any
+    ) -> int:
         if not failures:
             failures.append(record.seq)
             raise WalUnavailableError("KV unreachable (injected)")

@@ -38,6 +38,7 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import (
+    FORMAT,
     HotRecord,
     WalEntry,
     advance_hot,
@@ -258,7 +259,9 @@ async def test_marks_are_raised_before_messages_are_acked(
     original_mark = ThreadLog.raise_mark
     original_ack = Msg.ack
 
-    async def raise_mark(self: ThreadLog, thread_id: str, seq: int, stream_seq: int) -> None:
+    async def raise_mark(
+        self: ThreadLog[WalEntry, HotRecord], thread_id: str, seq: int, stream_seq: int
+    ) -> None:
         await original_mark(self, thread_id, seq, stream_seq)
         events.append(("mark", seq))
 
@@ -278,7 +281,7 @@ async def test_marks_are_raised_before_messages_are_acked(
     assert sorted(value for kind, value in events if kind == "ack") == [
         e.stream_seq for e in written
     ]
-    mark = await ThreadLog(service.wal, fconfig).mark(thread)
+    mark = await ThreadLog(service.wal, fconfig, FORMAT).mark(thread)
     assert mark is not None
     assert (mark.seq, mark.stream_seq) == (3, written[-1].stream_seq)
 
@@ -300,7 +303,7 @@ async def test_stale_duplicate_is_acked_and_never_moves_back(
     await service.wait_idle()
     assert (await inner.flushed_seqs([thread]))[thread] == 3
     assert await inner.load_messages(thread) == make_messages(3)
-    mark = await ThreadLog(service.wal, fconfig).mark(thread)
+    mark = await ThreadLog(service.wal, fconfig, FORMAT).mark(thread)
     assert mark is not None
     assert mark.seq == 3
     assert await consumer_state(service.wal) == (0, 0)
@@ -512,7 +515,7 @@ async def test_entry_that_never_applies_quarantines_its_thread_and_replays(
     assert len(thread_record.stream_seqs) == 3
     # Fixed: replay flushes the thread from its watermark and clears its records.
     target.healed = True
-    result = await replay(service.wal, target, thread_id=sick)
+    result = await replay(ThreadLog(service.wal, fconfig, FORMAT), target, thread_id=sick)
     assert result.flushed_seq == 5
     assert await inner.load_messages(sick) == make_messages(5)
     assert await list_quarantine(service.wal) == []
@@ -622,7 +625,7 @@ async def test_generic_target_over_a_plain_store(
     assert latest is not None
     assert latest.run_id == runs[0].run_id
     assert len(await store.list_runs(thread)) == 2
-    mark = await ThreadLog(service.wal, fconfig).mark(thread)
+    mark = await ThreadLog(service.wal, fconfig, FORMAT).mark(thread)
     assert mark is not None
     assert mark.seq == 4
 

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from buffered_store.engine.appender import jump_seq
+from buffered_store.engine.entries import chain_after
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.keys import decode_run_claim, encode_run_claim
 from buffered_store.engine.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
@@ -16,7 +18,6 @@ from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
-    jump_seq,
     validate_checkpoint,
 )
 from buffered_store.threadrun.entry import (
@@ -35,13 +36,7 @@ from buffered_store.threadrun.entry import (
     seeded_hot,
 )
 from buffered_store.threadrun.messages import encode_messages
-from buffered_store.threadrun.planning import (
-    PlanStatus,
-    ThreadView,
-    chain_after,
-    fold,
-    plan_entries,
-)
+from buffered_store.threadrun.planning import PlanStatus, ThreadView, fold, plan_entries
 from buffered_store.threadrun.records import RunRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -197,7 +192,7 @@ def test_seeded_and_old_hot_records_cover_nothing_unflushed() -> None:
 # -- pending floor --------------------------------------------------------------------------
 
 
-def hot_at(thread_id: str, kv_seq: int) -> HotAt:
+def hot_at(thread_id: str, kv_seq: int) -> HotAt[HotRecord]:
     return HotAt(thread_id, kv_seq, HotRecord(seq=1, stream_seq=1, thread=None))
 
 

@@ -18,7 +18,7 @@ from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnava
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import HotRecord, WalEntry, encode_entry
+from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry, encode_entry
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord
@@ -70,6 +70,7 @@ class FakeThreadLog:
         self.stream = {(e.thread_id, e.seq): e for e in stream}
         self.marks: dict[str, tuple[int, int]] = {}
         self.fail_marks = False
+        self.fmt = FORMAT
 
     def subject(self, thread_id: str) -> str:
         return wal_subject(STREAM, thread_id)
@@ -181,7 +182,7 @@ def rig(target: Any, stream: Iterable[WalEntry] = (), config: FlusherConfig = CO
     stats = FlusherStats()
     runner = CycleRunner(
         target=target,
-        thread_log=cast(ThreadLog, log),
+        thread_log=cast(ThreadLog[Any, Any], log),
         quarantine=cast(Quarantine, quarantine),
         config=config,
         stats=stats,

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from buffered_store.config import EngineConfig
+from buffered_store.engine.entries import decode_flushed
 from buffered_store.engine.keys import flushed_key
 from buffered_store.engine.ports import KvValue, Wal
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import ConflictError
-from buffered_store.threadrun.entry import decode_flushed
+from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry
 
 
 class FakeKv:
@@ -40,8 +41,8 @@ class FakeKv:
         return decode_flushed(self.items[flushed_key(thread_id)].value).seq
 
 
-def thread_log(kv: FakeKv) -> ThreadLog:
-    return ThreadLog(cast(Wal, cast(Any, kv)), EngineConfig())
+def thread_log(kv: FakeKv) -> ThreadLog[WalEntry, HotRecord]:
+    return ThreadLog(cast(Wal, cast(Any, kv)), EngineConfig(), FORMAT)
 
 
 async def test_a_remembered_revision_makes_a_raise_one_swap() -> None:

@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from buffered_store.engine.entries import Entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import wal_subject
 from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import WalEntry, encode_entry
+from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
 from flusher.policy import (
     Backoff,
     HeldSeq,
@@ -59,7 +60,7 @@ def held(batch: list[WalEntry], *, delivered: int = 1) -> list[HeldSeq]:
 
 def test_classify_decodes_an_entry_of_its_subject() -> None:
     [entry] = entries("t1", 1)
-    result = classify("S", wal_subject("S", "t1"), encode_entry(entry), 42)
+    result = classify(FORMAT, "S", wal_subject("S", "t1"), encode_entry(entry), 42)
     assert isinstance(result, WalEntry)
     assert result.seq == 1
     assert result.stream_seq == 42
@@ -78,7 +79,7 @@ def test_classify_explains_what_is_not_an_entry(
     subject: str, payload: bytes | None, thread: str | None, reason: str
 ) -> None:
     data = payload if payload is not None else encode_entry(entries("t1", 1)[0])
-    result = classify("S", subject, data, 7)
+    result = classify(FORMAT, "S", subject, data, 7)
     assert isinstance(result, Undecodable)
     assert result.thread_id == thread
     assert reason in result.reason
@@ -260,7 +261,7 @@ def test_data_failure_is_retried_then_quarantined(
 # -- isolation --------------------------------------------------------------------------------
 
 
-def run_isolation(batch: list[WalEntry], bad_seq: int | None) -> tuple[WalEntry | None, int, int]:
+def run_isolation(batch: list[WalEntry], bad_seq: int | None) -> tuple[Entry | None, int, int]:
     """Simulate a target that applies everything below `bad_seq`; returns
     (culprit, watermark reached, apply calls)."""
     isolation = Isolation(batch)

@@ -8,19 +8,17 @@ from typing import Any
 import orjson
 import pytest
 
+from buffered_store.engine.entries import FlushedMark, decode_flushed, encode_flushed
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.entry import (
     WIRE_VERSION,
     EntryKind,
-    FlushedMark,
     HotRecord,
     WalEntry,
     advance_hot,
     decode_entry,
-    decode_flushed,
     decode_hot,
     encode_entry,
-    encode_flushed,
     encode_hot,
     messages_of,
 )

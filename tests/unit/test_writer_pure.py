@@ -5,26 +5,19 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from buffered_store.engine.appender import (
-    Cursor,
-    CursorCache,
-    ThreadLocks,
-    _advance_snapshot,
-    _known_snapshot,
-    _merge_recent,
-)
-from buffered_store.threadrun.entry import EntryKind, HotRecord, WalEntry
+from buffered_store.engine.appender import Cursor, CursorCache, ThreadLocks, merged_recent
+from buffered_store.threadrun.entry import FORMAT, EntryKind, HotRecord, WalEntry
 from buffered_store.threadrun.records import Thread
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def cursor(seq: int, snapshot: list[bytes] | None) -> Cursor:
-    return Cursor(seq=seq, stream_seq=seq, hot=None, revision=None, snapshot=snapshot)
+def cursor(seq: int, snapshot: list[bytes] | None) -> Cursor[HotRecord, list[bytes]]:
+    return Cursor(seq=seq, stream_seq=seq, hot=None, revision=None, state=snapshot)
 
 
 def test_cursor_cache_evicts_least_recently_used() -> None:
-    cache = CursorCache(2)
+    cache: CursorCache[HotRecord, list[bytes]] = CursorCache(2)
     cache.put("a", cursor(1, []))
     cache.put("b", cursor(1, []))
     assert cache.get("a") is not None  # a is now the most recent
@@ -63,9 +56,9 @@ async def test_thread_locks_serialise_one_thread_but_not_others() -> None:
 
 
 def test_known_snapshot_rules() -> None:
-    assert _known_snapshot(None, None) == []  # new thread: empty snapshot
+    assert FORMAT.known_state(None, None) == []  # new thread: empty snapshot
     deleted = HotRecord(seq=4, stream_seq=9, thread=None)
-    assert _known_snapshot(deleted, None) == []
+    assert FORMAT.known_state(deleted, None) == []
     summary = Thread(
         thread_id="t",
         parent_thread_id=None,
@@ -76,9 +69,8 @@ def test_known_snapshot_rules() -> None:
         message_count=1,
     )
     live = HotRecord(seq=4, stream_seq=9, thread=summary)
-    assert _known_snapshot(live, cursor(4, [b"x"])) == [b"x"]  # our cursor is at that seq
-    assert _known_snapshot(live, cursor(3, [b"x"])) is None  # someone wrote since: unknown
-    assert _known_snapshot(live, None) is None
+    assert FORMAT.known_state(live, [b"x"]) == [b"x"]  # a cursor at that seq knows it
+    assert FORMAT.known_state(live, None) is None  # nobody does
 
 
 def test_advance_snapshot_follows_deltas_and_gives_up_when_unknown() -> None:
@@ -86,19 +78,31 @@ def test_advance_snapshot_follows_deltas_and_gives_up_when_unknown() -> None:
     append = WalEntry(
         thread_id="t", seq=2, kind=EntryKind.CHECKPOINT, at=NOW, keep=1, messages=[b"b"]
     )
-    assert _advance_snapshot([b"a"], append) == [b"a", b"b"]
-    assert _advance_snapshot(None, append) is None
-    assert _advance_snapshot([], append) is None  # keep beyond what we know
+    assert FORMAT.state_after([b"a"], append, owned=False) == [b"a", b"b"]
+    assert FORMAT.state_after(None, append, owned=False) is None
+    assert FORMAT.state_after([], append, owned=False) is None  # keep beyond what we know
     full = WalEntry(thread_id="t", seq=2, kind=EntryKind.CHECKPOINT, at=NOW, messages=[b"z"])
-    assert _advance_snapshot(None, full) == [b"z"]
+    assert FORMAT.state_after(None, full, owned=False) == [b"z"]
     delete = WalEntry(thread_id="t", seq=3, kind=EntryKind.DELETE, at=NOW)
-    assert _advance_snapshot([b"a"], delete) == []
-    assert _advance_snapshot([b"a"], base) == []
+    assert FORMAT.state_after([b"a"], delete, owned=False) == []
+    assert FORMAT.state_after([b"a"], base, owned=False) == []
 
 
 def test_merge_recent_keeps_newest_window() -> None:
     ours = HotRecord(seq=5, stream_seq=50, thread=None, recent=((4, 40), (5, 50)))
     stored = HotRecord(seq=3, stream_seq=30, thread=None, recent=((2, 20), (3, 30)))
-    merged = _merge_recent(ours, stored, window=3)
+    merged = FORMAT.with_recent(ours, merged_recent(ours.recent, stored.recent, window=3))
     assert merged.recent == ((3, 30), (4, 40), (5, 50))
     assert merged.seq == 5
+
+
+def test_an_owned_snapshot_is_extended_in_place_and_a_shared_one_copied() -> None:
+    append = WalEntry(
+        thread_id="t", seq=2, kind=EntryKind.CHECKPOINT, at=NOW, keep=1, messages=[b"b"]
+    )
+    shared = [b"a"]
+    assert FORMAT.state_after(shared, append, owned=False) == [b"a", b"b"]
+    assert shared == [b"a"]
+    owned = [b"a"]
+    assert FORMAT.state_after(owned, append, owned=True) is owned
+    assert owned == [b"a", b"b"]

@@ -1,0 +1,157 @@
+"""What the engine knows of a WAL entry and of a thread's hot record, whatever the
+front-end that wrote them. Pure: no I/O.
+
+Every entry has a header the engine reads: the thread, its per-thread `seq`, the nonce of
+the writing call (`writer`), whether it starts a chain (`jump`), whether it deletes the
+thread, and where it sits in the stream. Its body is the front-end's business: each
+front-end brings a `Format` that decodes its entries and keeps its hot records, and the
+engine treats bodies and summaries as opaque.
+
+The flushed watermark record (`FlushedMark`, KV key ``f.<thread>``) belongs to the
+engine itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, TypeVar
+
+import orjson
+
+from buffered_store.errors import CorruptEntryError
+
+
+class Entry(Protocol):
+    """The header of a WAL entry, as every front-end's entries expose it."""
+
+    @property
+    def thread_id(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def at(self) -> datetime:
+        """When the entry was written (the writer's clock)."""
+        ...
+
+    @property
+    def writer(self) -> str:
+        """Nonce of the writing call: tells our own deduplicated publish from another's."""
+        ...
+
+    @property
+    def jump(self) -> bool:
+        """The entry starts a chain: it follows any lower seq, not only ``seq - 1``."""
+        ...
+
+    @property
+    def deletes(self) -> bool:
+        """The entry deletes its thread."""
+        ...
+
+    @property
+    def stream_seq(self) -> int:
+        """Where the entry sits in the stream, once read back (0 before)."""
+        ...
+
+
+class HotView(Protocol):
+    """What the engine reads of a thread's hot record (KV key ``h.<thread>``)."""
+
+    @property
+    def seq(self) -> int:
+        """The thread's latest seq."""
+        ...
+
+    @property
+    def stream_seq(self) -> int:
+        """Stream seq of the entry at `seq` (0: not in the stream, a seeded record)."""
+        ...
+
+    @property
+    def recent(self) -> tuple[tuple[int, int], ...]:
+        """(seq, stream seq) of the latest entries, oldest first."""
+        ...
+
+    @property
+    def deleted_seq(self) -> int:
+        """Seq of the thread's latest delete known to the record (0: none)."""
+        ...
+
+    @property
+    def chain_from(self) -> int:
+        """First seq of the chain `seq` belongs to (0: unknown)."""
+        ...
+
+
+E = TypeVar("E", bound=Entry)
+H = TypeVar("H", bound=HotView)
+E_co = TypeVar("E_co", bound=Entry, covariant=True)
+H_co = TypeVar("H_co", bound=HotView, covariant=True)
+
+
+class Format(Protocol[E_co, H_co]):
+    """How a front-end's entries and hot records read from their bytes."""
+
+    def decode_entry(self, payload: bytes, *, stream_seq: int = 0) -> E_co:
+        """The entry; anything malformed raises `CorruptEntryError`."""
+        ...
+
+    def decode_hot(self, data: bytes) -> H_co:
+        """The hot record; anything malformed raises `CorruptEntryError`."""
+        ...
+
+
+def follows(entry: Entry, seq: int) -> bool:
+    """Whether `entry` applies right on top of a thread state at `seq`.
+
+    The next entry of a chain has seq + 1; a jump entry (a chain whose predecessor its
+    writer could not know) applies on top of any lower seq.
+    """
+    return entry.seq == seq + 1 or (entry.jump and entry.seq > seq)
+
+
+def chain_after(entries: Iterable[E], seq: int) -> list[E]:
+    """The entries that apply one after the other on top of `seq`, in order.
+
+    From `seq`, take the entry at seq + 1, else the lowest jump entry above; stop at the
+    first hole. Entries at or below `seq` and duplicates are ignored.
+    """
+    by_seq: dict[int, E] = {}
+    for entry in entries:
+        if entry.seq > seq:
+            by_seq.setdefault(entry.seq, entry)
+    jumps = sorted(s for s, entry in by_seq.items() if entry.jump)
+    chain: list[E] = []
+    while True:
+        nxt = by_seq.get(seq + 1)
+        if nxt is None:
+            later = [s for s in jumps if s > seq]
+            if not later:
+                return chain
+            nxt = by_seq[later[0]]
+        chain.append(nxt)
+        seq = nxt.seq
+
+
+@dataclass(frozen=True, slots=True)
+class FlushedMark:
+    """The thread's flushed watermark in KV (`f.<thread>`), raised after each commit."""
+
+    seq: int
+    stream_seq: int
+
+
+def encode_flushed(mark: FlushedMark) -> bytes:
+    """KV bytes of a flushed watermark."""
+    return orjson.dumps({"s": mark.seq, "ss": mark.stream_seq})
+
+
+def decode_flushed(data: bytes) -> FlushedMark:
+    """Flushed watermark from KV bytes."""
+    try:
+        raw = orjson.loads(data)
+        return FlushedMark(int(raw["s"]), int(raw["ss"]))
+    except Exception as exc:
+        raise CorruptEntryError(f"malformed flushed watermark: {exc!r}") from exc
