@@ -32,10 +32,9 @@ from buffered_store.dev.services import (
     NatsServer,
     PostgresServer,
     Services,
-    to_libpq_url,
-    to_sqlalchemy_url,
 )
 from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.stores.urls import to_libpq_url, to_sqlalchemy_url
 
 SCHEMA = "bench"
 

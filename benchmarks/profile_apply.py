@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from buffered_store.dev.services import PostgresServer, to_libpq_url
+from buffered_store.dev.services import PostgresServer
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.keys import wal_subject
 from buffered_store.engine.threadlog import group_by_thread
 from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
 from buffered_store.threadrun.records import Message, RunRecord, Thread

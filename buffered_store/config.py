@@ -115,14 +115,12 @@ class EngineConfig:
         """The NATS server URLs as a list."""
         return [url.strip() for url in self.nats_url.split(",") if url.strip()]
 
-    def credentials_option(self) -> Any:
-        """Credentials in the form nats-py accepts (a path, or raw file contents)."""
-        if self.credentials is None:
+    def credentials_file(self) -> str | None:
+        """The credentials file's path, or None when none is configured or the
+        credentials are given as the file's contents (`ConfigError` when the file named
+        does not exist)."""
+        if self.credentials is None or "-----BEGIN" in self.credentials:
             return None
-        if "-----BEGIN" in self.credentials:
-            from nats.aio.client import RawCredentials
-
-            return RawCredentials(self.credentials)
         path = Path(self.credentials).expanduser()
         if not path.is_file():
             raise ConfigError(f"credentials file {str(path)!r} does not exist")

@@ -243,14 +243,14 @@ async def _postgres_check(database_url: str | None, timeout_s: float) -> Check:
 async def ping_postgres(database_url: str, timeout_s: float) -> float:
     """Seconds a fresh connection and ``SELECT 1`` took."""
     import psycopg
-    from sqlalchemy.engine import make_url
 
     from buffered_store.stores.migrate import normalize_url
+    from buffered_store.stores.urls import to_libpq_url
 
-    url = make_url(normalize_url(database_url)).set(drivername="postgresql")
+    url = to_libpq_url(normalize_url(database_url))
     started = time.perf_counter()
     conn = await psycopg.AsyncConnection.connect(
-        url.render_as_string(hide_password=False),
+        url,
         autocommit=True,
         connect_timeout=max(1, round(timeout_s)),
     )

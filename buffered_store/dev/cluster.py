@@ -31,18 +31,18 @@ from typing import Any
 from buffered_store.dev.services import (
     LOCALHOST,
     DevServiceError,
+    ServerContext,
     ServiceStartError,
-    _ContextMixin,
-    _http_ok,
-    _log,
-    _ms_since,
-    _nats_info_probe,
-    _register,
-    _unregister,
     find_nats_server,
+    http_ok,
+    ms_since,
+    nats_info_probe,
     nats_url,
     pick_free_ports,
+    register,
+    say,
     tail_text,
+    unregister,
 )
 
 __all__ = ["ClusterNode", "NatsCluster", "nats_cluster_config_text"]
@@ -147,13 +147,13 @@ class ClusterNode:
     def ready(self) -> bool:
         """Speaks NATS, is healthy (JetStream current) and knows a meta leader."""
         return (
-            _nats_info_probe(self.host, self.port)
-            and _http_ok(f"{self.monitor_url}/healthz")
+            nats_info_probe(self.host, self.port)
+            and http_ok(f"{self.monitor_url}/healthz")
             and self.meta_leader() is not None
         )
 
 
-class NatsCluster(_ContextMixin):
+class NatsCluster(ServerContext):
     """Three (or ``size``) ``nats-server`` processes forming one JetStream cluster.
 
     Ports are chosen once, so a restarted node comes back at the same address with the
@@ -211,7 +211,7 @@ class NatsCluster(_ContextMixin):
             self.nodes.append(node)
         self._closed = False
         self._lock = threading.RLock()
-        _register(self)
+        register(self)
 
     def __repr__(self) -> str:
         return f"NatsCluster(url={self.url!r}, pids={[n.pid for n in self.nodes]})"
@@ -232,7 +232,7 @@ class NatsCluster(_ContextMixin):
             offsets = {n.index: self._launch(n) for n in self.nodes if not n.running}
             for node in self.nodes:
                 self._wait_ready(node, offsets.get(node.index, 0))
-            _log(f"nats cluster ready on {self.url} in {_ms_since(t0)}")
+            say(f"nats cluster ready on {self.url} in {ms_since(t0)}")
 
     def _launch(self, node: ClusterNode) -> int:
         """Start the node's process; returns the log offset of this start."""
@@ -276,7 +276,7 @@ class NatsCluster(_ContextMixin):
         with self._lock:
             node = self.nodes[index]
             if node.proc is not None:
-                _log(f"killing nats-server {node.server_name} pid {node.proc.pid}")
+                say(f"killing nats-server {node.server_name} pid {node.proc.pid}")
                 if node.proc.poll() is None:
                     node.proc.kill()
                 node.proc.wait()
@@ -290,7 +290,7 @@ class NatsCluster(_ContextMixin):
                 return
             t0 = time.perf_counter()
             self._wait_ready(node, self._launch(node))
-            _log(f"nats-server {node.server_name} back (pid {node.pid}) in {_ms_since(t0)}")
+            say(f"nats-server {node.server_name} back (pid {node.pid}) in {ms_since(t0)}")
 
     def restart_node(self, index: int) -> None:
         """SIGKILL one node, then start it again and wait until it is ready."""
@@ -340,7 +340,7 @@ class NatsCluster(_ContextMixin):
             self.stop()
             self._closed = True
             shutil.rmtree(self._tmp_root, ignore_errors=True)
-            _unregister(self)
+            unregister(self)
 
     # -- who leads ----------------------------------------------------------------------
 
@@ -362,7 +362,7 @@ class NatsCluster(_ContextMixin):
             if not node.running:
                 continue
             jsz = _http_json(f"{node.monitor_url}/jsz?accounts=true&streams=true")
-            for leader in _stream_leaders(jsz, stream):
+            for leader in stream_leaders(jsz, stream):
                 index = self.node_named(leader)
                 if self.nodes[index].running:
                     return index
@@ -388,7 +388,7 @@ class NatsCluster(_ContextMixin):
         raise DevServiceError(f"stream {stream!r} has no running follower")
 
 
-def _stream_leaders(jsz: Any, stream: str) -> list[str]:
+def stream_leaders(jsz: Any, stream: str) -> list[str]:
     """Leader names of ``stream`` in a ``/jsz?accounts=true&streams=true`` document."""
     if not isinstance(jsz, dict):
         return []

@@ -34,9 +34,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import Services, start_services, to_libpq_url
+from buffered_store.dev.services import Services, start_services
 from buffered_store.engine.ids import utcnow
 from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.records import RunRecord, RunStatus
 from buffered_store.threadrun.store import BufferedThreadRunStore

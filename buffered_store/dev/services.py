@@ -46,7 +46,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
+
+from buffered_store.stores.urls import (
+    DEFAULT_DATABASE,
+    jdbc_url_from_url,
+    to_libpq_url,
+    to_sqlalchemy_url,
+)
 
 __all__ = [
     "DEFAULT_DATABASE",
@@ -88,7 +95,6 @@ __all__ = [
 ]
 
 LOCALHOST = "127.0.0.1"
-DEFAULT_DATABASE = "bufstore"
 DEFAULT_PG_USER = "postgres"
 NATS_CONTAINER_IMAGE = "nats:2.10"
 POSTGRES_CONTAINER_IMAGE = "postgres:16-alpine"
@@ -108,13 +114,13 @@ class ServiceNotManagedError(DevServiceError):
     """kill()/restart() on a service this process did not start (NATS_URL/DATABASE_URL)."""
 
 
-def _log(message: str) -> None:
+def say(message: str) -> None:
     if os.environ.get("BUFSTORE_SERVICES_QUIET", "") not in ("", "0"):
         return
     print(f"[devservices] {message}", file=sys.stderr, flush=True)
 
 
-def _ms_since(start: float) -> str:
+def ms_since(start: float) -> str:
     return f"{(time.perf_counter() - start) * 1000:.0f} ms"
 
 
@@ -174,45 +180,6 @@ def jdbc_url(
     if password is not None:
         params["password"] = password
     return f"jdbc:postgresql://{host}:{port}/{database}?{urlencode(params)}"
-
-
-_PG_SCHEME = re.compile(r"^(postgres|postgresql)(\+[A-Za-z0-9_]+)?://", re.IGNORECASE)
-
-
-def to_sqlalchemy_url(url: str) -> str:
-    """``postgres://``/``postgresql://`` -> ``postgresql+psycopg://``; explicit drivers are kept."""
-    match = _PG_SCHEME.match(url)
-    if match is None:
-        raise ValueError(f"not a PostgreSQL URL: {url!r}")
-    if match.group(2):
-        return "postgresql" + match.group(2) + "://" + url[match.end() :]
-    return "postgresql+psycopg://" + url[match.end() :]
-
-
-def to_libpq_url(url: str) -> str:
-    """Strip the SQLAlchemy ``+driver`` part so psycopg/libpq accept the URL."""
-    match = _PG_SCHEME.match(url)
-    if match is None:
-        raise ValueError(f"not a PostgreSQL URL: {url!r}")
-    return "postgresql://" + url[match.end() :]
-
-
-def jdbc_url_from_url(url: str) -> str:
-    """Turn a SQLAlchemy/libpq PostgreSQL URL into a JDBC URL (credentials as parameters)."""
-    parts = urlsplit(to_libpq_url(url))
-    host = parts.hostname or "localhost"
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    port = parts.port or 5432
-    database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
-    params: list[tuple[str, str]] = []
-    if parts.username:
-        params.append(("user", unquote(parts.username)))
-    if parts.password:
-        params.append(("password", unquote(parts.password)))
-    params.extend(parse_qsl(parts.query))
-    query = f"?{urlencode(params)}" if params else ""
-    return f"jdbc:postgresql://{host}:{port}/{database}{query}"
 
 
 def nats_config_text(*, sync_always: bool) -> str:
@@ -444,7 +411,7 @@ def _signal_pid(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _nats_info_probe(host: str, port: int, timeout: float = 0.5) -> bool:
+def nats_info_probe(host: str, port: int, timeout: float = 0.5) -> bool:
     """True once something on host:port speaks the NATS protocol (sends an INFO line)."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -460,7 +427,7 @@ def _nats_info_probe(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def _http_ok(url: str, timeout: float = 0.5) -> bool:
+def http_ok(url: str, timeout: float = 0.5) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status) == 200
@@ -493,13 +460,13 @@ _LIVE: list[_Closable] = []
 _LIVE_LOCK = threading.Lock()
 
 
-def _register(obj: _Closable) -> None:
+def register(obj: _Closable) -> None:
     with _LIVE_LOCK:
         if not any(o is obj for o in _LIVE):
             _LIVE.append(obj)
 
 
-def _unregister(obj: _Closable) -> None:
+def unregister(obj: _Closable) -> None:
     with _LIVE_LOCK:
         _LIVE[:] = [o for o in _LIVE if o is not obj]
 
@@ -512,7 +479,7 @@ def _close_all() -> None:
         try:
             obj.close()
         except Exception as exc:  # keep closing the others
-            _log(f"cleanup of {obj!r} failed: {exc}")
+            say(f"cleanup of {obj!r} failed: {exc}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,7 +516,9 @@ class PostgresService(ServiceHandle, Protocol):
     def libpq_url(self) -> str: ...
 
 
-class _ContextMixin:
+class ServerContext:
+    """A local server usable as a context manager: started on entry, closed on exit."""
+
     def start(self) -> None:
         raise NotImplementedError
 
@@ -574,7 +543,7 @@ class _ContextMixin:
 # --------------------------------------------------------------------------------------------
 
 
-class NatsServer(_ContextMixin):
+class NatsServer(ServerContext):
     """A ``nats-server -js`` process on a free port with its own store dir.
 
     ``restart()`` keeps port and store dir, so JetStream data survives. The server runs in
@@ -615,7 +584,7 @@ class NatsServer(_ContextMixin):
         self._started_once = False
         self._closed = False
         self._lock = threading.RLock()
-        _register(self)
+        register(self)
 
     def __repr__(self) -> str:
         return f"NatsServer(url={self.url!r}, pid={self.pid})"
@@ -672,7 +641,7 @@ class NatsServer(_ContextMixin):
                 except ServiceStartError as exc:
                     if attempt == attempts or "address already in use" not in str(exc).lower():
                         raise
-                    _log("port taken meanwhile, picking new ports")
+                    say("port taken meanwhile, picking new ports")
                     self._port = None
                     self._monitor_port = None
                     self._choose_ports()
@@ -680,7 +649,7 @@ class NatsServer(_ContextMixin):
 
     def _start_once(self) -> None:
         t0 = time.perf_counter()
-        _log(f"starting nats-server on {self.host}:{self.port} (store {self.store_dir}) ...")
+        say(f"starting nats-server on {self.host}:{self.port} (store {self.store_dir}) ...")
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = build_nats_command(
             self.binary,
@@ -712,7 +681,7 @@ class NatsServer(_ContextMixin):
                     f"{shlex.join(cmd)}\n--- log tail ---\n"
                     + tail_text(self.log_path, offset=log_offset)
                 )
-            if _nats_info_probe(self.host, self.port) and (health is None or _http_ok(health)):
+            if nats_info_probe(self.host, self.port) and (health is None or http_ok(health)):
                 break
             if time.monotonic() > deadline:
                 self._kill_proc()
@@ -723,7 +692,7 @@ class NatsServer(_ContextMixin):
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-        _log(f"nats-server ready on {self.url} (pid {self._proc.pid}) in {_ms_since(t0)}")
+        say(f"nats-server ready on {self.url} (pid {self._proc.pid}) in {ms_since(t0)}")
 
     def _kill_proc(self) -> None:
         if self._proc is not None:
@@ -744,17 +713,17 @@ class NatsServer(_ContextMixin):
                 try:
                     proc.wait(timeout)
                 except subprocess.TimeoutExpired:
-                    _log(f"nats-server pid {proc.pid} ignored SIGTERM for {timeout}s: SIGKILL")
+                    say(f"nats-server pid {proc.pid} ignored SIGTERM for {timeout}s: SIGKILL")
                     proc.kill()
                     proc.wait()
-                _log(f"stopped nats-server pid {proc.pid} in {_ms_since(t0)}")
+                say(f"stopped nats-server pid {proc.pid} in {ms_since(t0)}")
             self._proc = None
 
     def kill(self) -> None:
         """SIGKILL the server (no flush) and reap it."""
         with self._lock:
             if self._proc is not None:
-                _log(f"killing nats-server pid {self._proc.pid}")
+                say(f"killing nats-server pid {self._proc.pid}")
             self._kill_proc()
 
     def restart(self) -> None:
@@ -771,7 +740,7 @@ class NatsServer(_ContextMixin):
             self.stop()
             self._closed = True
             shutil.rmtree(self._tmp_root, ignore_errors=True)
-            _unregister(self)
+            unregister(self)
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,7 +748,7 @@ class NatsServer(_ContextMixin):
 # --------------------------------------------------------------------------------------------
 
 
-class PostgresServer(_ContextMixin):
+class PostgresServer(ServerContext):
     """A throwaway PostgreSQL cluster (initdb + pg_ctl) reachable on TCP ``host:port``.
 
     As root, initdb/pg_ctl run as the ``postgres`` user via ``runuser``. ``kill()`` SIGKILLs
@@ -826,7 +795,7 @@ class PostgresServer(_ContextMixin):
         self._started_once = False
         self._closed = False
         self._lock = threading.RLock()
-        _register(self)
+        register(self)
         try:
             self._prepare_dirs()
         except BaseException:
@@ -940,7 +909,7 @@ class PostgresServer(_ContextMixin):
                 f"initdb failed ({result.returncode}): {shlex.join(cmd)}\n"
                 f"{result.stdout}\n{result.stderr}"
             )
-        _log(f"initdb {self.data_dir} done in {_ms_since(t0)}")
+        say(f"initdb {self.data_dir} done in {ms_since(t0)}")
 
     def start(self) -> None:
         with self._lock:
@@ -962,13 +931,13 @@ class PostgresServer(_ContextMixin):
                         "address already in use" in text or "could not bind" in text
                     ):
                         raise
-                    _log("port taken meanwhile, picking a new one")
+                    say("port taken meanwhile, picking a new one")
                     self._port = pick_free_port(self.host)
             self._started_once = True
 
     def _start_once(self) -> None:
         t0 = time.perf_counter()
-        _log(f"starting postgres on {self.host}:{self.port} (data {self.data_dir}) ...")
+        say(f"starting postgres on {self.host}:{self.port} (data {self.data_dir}) ...")
         self._remove_stale_lock_files()
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         options = build_postgres_options(
@@ -1016,7 +985,7 @@ class PostgresServer(_ContextMixin):
                 )
             time.sleep(0.05)
         self._ensure_database(admin)
-        _log(f"postgres ready on {self.url} (pid {self._pid}) in {_ms_since(t0)}")
+        say(f"postgres ready on {self.url} (pid {self._pid}) in {ms_since(t0)}")
 
     def _remove_stale_lock_files(self) -> None:
         """Drop lock files left by kill() whose postmaster is dead.
@@ -1085,10 +1054,10 @@ class PostgresServer(_ContextMixin):
             except subprocess.TimeoutExpired:
                 ok, detail = False, "timeout"
             if not ok or not _wait_pids_gone([pid], timeout=5.0):
-                _log(f"pg_ctl stop failed ({detail}); SIGKILL postmaster pid {pid}")
+                say(f"pg_ctl stop failed ({detail}); SIGKILL postmaster pid {pid}")
                 self._kill_tree()
             self._pid = None
-            _log(f"stopped postgres pid {pid} in {_ms_since(t0)}")
+            say(f"stopped postgres pid {pid} in {ms_since(t0)}")
 
     def kill(self) -> None:
         """SIGKILL the postmaster and its children (simulated crash) and wait until gone."""
@@ -1096,7 +1065,7 @@ class PostgresServer(_ContextMixin):
             if self._pid is None:
                 self._pid = self._read_pidfile()
             if self._pid is not None and pid_alive(self._pid):
-                _log(f"killing postgres pid {self._pid}")
+                say(f"killing postgres pid {self._pid}")
             self._kill_tree()
 
     def restart(self) -> None:
@@ -1114,7 +1083,7 @@ class PostgresServer(_ContextMixin):
             self._closed = True
             if self._owns_base:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
-            _unregister(self)
+            unregister(self)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1122,7 +1091,7 @@ class PostgresServer(_ContextMixin):
 # --------------------------------------------------------------------------------------------
 
 
-class _External(_ContextMixin):
+class _External(ServerContext):
     name = "external"
     managed = False
 
@@ -1192,7 +1161,7 @@ def _require_docker() -> None:
         ) from exc
 
 
-class _ContainerService(_ContextMixin):
+class _ContainerService(ServerContext):
     """A testcontainers container on a fixed host port, so restart() keeps the URL."""
 
     name = "container"
@@ -1225,19 +1194,19 @@ class _ContainerService(_ContextMixin):
         t0 = time.perf_counter()
         if self._container is None:
             _require_docker()
-            _log(f"starting {self.name} container on host port {self.host_port} ...")
+            say(f"starting {self.name} container on host port {self.host_port} ...")
             container = self._make_container().with_bind_ports(self.container_port, self.host_port)
             container.start()
             self._container = container
             self.host = str(container.get_container_host_ip())
-            _register(self)
+            register(self)
         else:
             wrapped = self._container.get_wrapped_container()
             wrapped.reload()
             if wrapped.status != "running":
                 wrapped.start()
         self._wait_ready()
-        _log(f"{self.name} container ready on {self.url} in {_ms_since(t0)}")
+        say(f"{self.name} container ready on {self.url} in {ms_since(t0)}")
 
     @property
     def url(self) -> str:
@@ -1266,7 +1235,7 @@ class _ContainerService(_ContextMixin):
             with contextlib.suppress(Exception):
                 self._container.stop()
             self._container = None
-        _unregister(self)
+        unregister(self)
 
 
 class ContainerNats(_ContainerService):
@@ -1282,7 +1251,7 @@ class ContainerNats(_ContainerService):
         return generic.DockerContainer(self.image).with_command("-js -sd /data")
 
     def _ready(self) -> bool:
-        return _nats_info_probe(self.host, self.host_port)
+        return nats_info_probe(self.host, self.host_port)
 
     @property
     def url(self) -> str:
@@ -1343,7 +1312,7 @@ class ContainerPostgres(_ContainerService):
 # --------------------------------------------------------------------------------------------
 
 
-class Services(_ContextMixin):
+class Services(ServerContext):
     """The services for one test session / demo run. ``close()`` stops what we started."""
 
     def __init__(
@@ -1353,7 +1322,7 @@ class Services(_ContextMixin):
         self.postgres = postgres
         self.mode = mode
         self._closed = False
-        _register(self)
+        register(self)
 
     def __repr__(self) -> str:
         return f"Services(mode={self.mode!r}, nats={self.nats!r}, postgres={self.postgres!r})"
@@ -1418,7 +1387,7 @@ class Services(_ContextMixin):
                     service.close()
                 except Exception as exc:
                     errors.append(f"{service!r}: {exc}")
-        _unregister(self)
+        unregister(self)
         if errors:
             raise DevServiceError("cleanup failed: " + "; ".join(errors))
 
@@ -1439,10 +1408,10 @@ def start_services(
         if nats:
             if env.get("NATS_URL"):
                 nats_svc = ExternalNats(env["NATS_URL"])
-                _log(f"using existing NATS at {nats_svc.url} (NATS_URL)")
+                say(f"using existing NATS at {nats_svc.url} (NATS_URL)")
             elif mode == "containers":
                 if sync_always:
-                    _log("sync_always is not applied to the NATS container")
+                    say("sync_always is not applied to the NATS container")
                 nats_svc = ContainerNats()
             else:
                 nats_svc = NatsServer(sync_always=sync_always)
@@ -1450,7 +1419,7 @@ def start_services(
         if postgres:
             if env.get("DATABASE_URL"):
                 pg_svc = ExternalPostgres(env["DATABASE_URL"])
-                _log(f"using existing Postgres at {pg_svc.url} (DATABASE_URL)")
+                say(f"using existing Postgres at {pg_svc.url} (DATABASE_URL)")
             elif mode == "containers":
                 pg_svc = ContainerPostgres()
             else:

@@ -20,7 +20,7 @@ import nats
 import nats.errors
 import nats.js.errors as jse
 import orjson
-from nats.aio.client import NO_RESPONDERS_STATUS, Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client, RawCredentials
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -215,7 +215,7 @@ class NatsWal:
             nc = await nats.connect(
                 servers=config.servers,
                 name=name,
-                user_credentials=config.credentials_option(),
+                user_credentials=credentials_option(config),
                 connect_timeout=timeout_s,
                 # nats-py treats 0 as "retry forever" when choosing a server: one retry.
                 max_reconnect_attempts=-1 if reconnect else 1,
@@ -807,6 +807,15 @@ class NatsDelivery:
 
 def _stored(raw: Any) -> StoredMsg:
     return StoredMsg(seq=int(raw.seq), subject=str(raw.subject), data=bytes(raw.data or b""))
+
+
+def credentials_option(config: EngineConfig) -> Any:
+    """The configured credentials in the form nats-py accepts: a file's path, or the
+    file's contents (`ConfigError` when a file named does not exist)."""
+    path = config.credentials_file()
+    if path is None and config.credentials is not None:
+        return RawCredentials(config.credentials)
+    return path
 
 
 async def _log_error(exc: Exception) -> None:

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from pyspark.sql import DataFrame, SparkSession
 
-from buffered_store.dev.services import jdbc_url_from_url, to_libpq_url
 from buffered_store.errors import ConfigError
+from buffered_store.stores.urls import jdbc_url_from_url, to_libpq_url
 
 POSTGRES_DRIVER_CLASS = "org.postgresql.Driver"
 _SNAPSHOT_ID = re.compile(r"^[0-9A-Fa-f-]+$")

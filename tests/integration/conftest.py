@@ -20,8 +20,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from buffered_store.config import BufferedStoreConfig, EngineConfig
-from buffered_store.dev.services import to_libpq_url
 from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import InnerStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 

@@ -51,7 +51,6 @@ from hypothesis.stateful import (
 )
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import to_libpq_url
 from buffered_store.engine.keys import hot_key
 from buffered_store.engine.ports import Wal
 from buffered_store.errors import (
@@ -61,6 +60,7 @@ from buffered_store.errors import (
     WalUnavailableError,
 )
 from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig

@@ -29,9 +29,10 @@ from click.testing import CliRunner, Result
 
 from buffered_store.cli import main as bufstore
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import Services, to_libpq_url
+from buffered_store.dev.services import Services
 from buffered_store.logs import JsonFormatter, TextFormatter, ThreadIdMode
 from buffered_store.metrics import StatsCollector, metric_names, serve_metrics
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import FaultyFlushTarget, make_run
 from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore

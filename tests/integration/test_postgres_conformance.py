@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from buffered_store import PostgresThreadRunStore, StoreClosedError, ThreadRunStore
-from buffered_store.dev.services import to_libpq_url
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import InnerStore
 from tests.conformance.flush_target import FlushTargetContract
 from tests.conformance.suite import ThreadRunStoreContract

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import to_libpq_url
+from buffered_store.stores.urls import to_libpq_url
 
 pytestmark = pytest.mark.integration
 

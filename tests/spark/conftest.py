@@ -22,10 +22,11 @@ from nats.js.errors import NotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import Services, to_libpq_url
+from buffered_store.dev.services import Services
 from buffered_store.spark.overlay import StoreSource
 from buffered_store.spark.session import spark_session
 from buffered_store.stores.postgres import PostgresThreadRunStore
+from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.records import RunRecord, Thread
 from buffered_store.threadrun.store import BufferedThreadRunStore
 

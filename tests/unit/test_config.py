@@ -111,12 +111,13 @@ def test_config_is_frozen_and_replace_validates() -> None:
 
 def test_credentials_path_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        EngineConfig(credentials=str(tmp_path / "missing.creds")).credentials_option()
+        EngineConfig(credentials=str(tmp_path / "missing.creds")).credentials_file()
     creds = tmp_path / "user.creds"
     creds.write_text("x")
-    assert EngineConfig(credentials=str(creds)).credentials_option() == str(creds)
+    assert EngineConfig(credentials=str(creds)).credentials_file() == str(creds)
     raw = "-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n"
-    assert str(EngineConfig(credentials=raw).credentials_option()) == raw
+    assert EngineConfig(credentials=raw).credentials_file() is None
+    assert EngineConfig().credentials_file() is None
 
 
 def test_every_setting_is_documented_with_its_variable() -> None:
@@ -127,3 +128,14 @@ def test_every_setting_is_documented_with_its_variable() -> None:
     for field in fields:
         assert f"`{field.name}`" in text, f"{field.name} missing from {DOCS.name}"
         assert f"BUFSTORE_{field.name.upper()}" in text
+
+
+def test_raw_credentials_reach_nats_as_the_file_contents(tmp_path: Path) -> None:
+    from buffered_store.nats.wal import credentials_option
+
+    raw = "-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n"
+    assert str(credentials_option(EngineConfig(credentials=raw))) == raw
+    creds = tmp_path / "user.creds"
+    creds.write_text("x")
+    assert credentials_option(EngineConfig(credentials=str(creds))) == str(creds)
+    assert credentials_option(EngineConfig()) is None

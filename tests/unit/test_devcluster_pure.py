@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from buffered_store.dev.cluster import _stream_leaders, nats_cluster_config_text
+from buffered_store.dev.cluster import nats_cluster_config_text, stream_leaders
 
 
 def node_config(**overrides: Any) -> str:
@@ -55,12 +55,12 @@ def test_stream_leaders_reads_the_jsz_document() -> None:
             }
         ]
     }
-    assert _stream_leaders(jsz, "WAL") == ["n2"]
-    assert _stream_leaders(jsz, "MISSING") == []
+    assert stream_leaders(jsz, "WAL") == ["n2"]
+    assert stream_leaders(jsz, "MISSING") == []
 
 
 def test_stream_leaders_during_an_election_or_without_monitoring() -> None:
     electing = {"account_details": [{"stream_detail": [{"name": "WAL", "cluster": {}}]}]}
-    assert _stream_leaders(electing, "WAL") == []
-    assert _stream_leaders(None, "WAL") == []
-    assert _stream_leaders({"account_details": None}, "WAL") == []
+    assert stream_leaders(electing, "WAL") == []
+    assert stream_leaders(None, "WAL") == []
+    assert stream_leaders({"account_details": None}, "WAL") == []

@@ -1,0 +1,149 @@
+"""The import directions of the library, checked on the source (no import is executed).
+
+A newcomer should find the engine, the front-ends and the adapters from the folder names
+alone, and each folder should depend only on what its name promises:
+
+- `buffered_store.engine` knows no front-end, no store and no client library: the WAL
+  reaches it through its ports, entries and hot records through a front-end's format.
+- `buffered_store.nats` is the only library package that imports nats-py.
+- SQLAlchemy and Alembic stay in `buffered_store.stores`; PySpark in `buffered_store.spark`.
+- `buffered_store.dev` (local servers, the demo) is never imported at run time.
+- `buffered_store` never imports `flusher`; in `flusher`, only the service and its CLI,
+  which assemble the thread-run deployment, import the thread-run front-end.
+- No module imports another module's private (``_``-prefixed) names.
+
+The benchmark harness (`benchmarks/`, installed as `buffered_store.benchmarks`) and the
+migrations are outside these rules: the harness's raw loop measures JetStream itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("buffered_store", "flusher")
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module an import statement names, also inside functions and TYPE_CHECKING."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def within(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+GRAPH = {module: imports_of(path) for module, path in modules()}
+
+
+def offenders(
+    importers: tuple[str, ...], forbidden: tuple[str, ...], *, unless: tuple[str, ...] = ()
+) -> list[str]:
+    return sorted(
+        f"{module} imports {name}"
+        for module, names in GRAPH.items()
+        if within(module, *importers) and not within(module, *unless)
+        for name in names
+        if within(name, *forbidden)
+    )
+
+
+RULES = {
+    "the engine imports no front-end, store, adapter or client library": (
+        ("buffered_store.engine",),
+        (
+            "buffered_store.threadrun",
+            "buffered_store.stores",
+            "buffered_store.nats",
+            "buffered_store.spark",
+            "buffered_store.cli",
+            "buffered_store.dev",
+            "buffered_store.testing",
+            "flusher",
+            "nats",
+            "sqlalchemy",
+            "alembic",
+            "psycopg",
+            "pyspark",
+        ),
+        (),
+    ),
+    "only buffered_store.nats imports nats-py": (
+        LIBRARY,
+        ("nats",),
+        ("buffered_store.nats",),
+    ),
+    "SQLAlchemy and Alembic stay in the stores": (
+        LIBRARY,
+        ("sqlalchemy", "alembic"),
+        ("buffered_store.stores",),
+    ),
+    "PySpark stays in buffered_store.spark": (LIBRARY, ("pyspark",), ("buffered_store.spark",)),
+    "nothing imports the dev tools at run time": (
+        LIBRARY,
+        ("buffered_store.dev",),
+        ("buffered_store.dev",),
+    ),
+    "buffered_store never imports flusher": (("buffered_store",), ("flusher",), ()),
+    "the front-end and the stores reach NATS only through the engine's ports": (
+        ("buffered_store.threadrun", "buffered_store.stores"),
+        ("buffered_store.nats.wal", "nats"),
+        ("buffered_store.threadrun.store",),
+    ),
+    "the NATS adapter knows no front-end or store": (
+        ("buffered_store.nats",),
+        ("buffered_store.threadrun", "buffered_store.stores", "buffered_store.spark", "flusher"),
+        (),
+    ),
+    "the flusher's machinery is front-end agnostic": (
+        ("flusher",),
+        ("buffered_store.threadrun", "buffered_store.stores"),
+        ("flusher.service", "flusher.cli"),
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_import_direction(rule: str) -> None:
+    importers, forbidden, unless = RULES[rule]
+    assert offenders(importers, forbidden, unless=unless) == []
+
+
+def test_the_checker_sees_what_it_should() -> None:
+    """The rules above would pass vacuously if the scan found nothing: it must see the
+    adapter importing nats-py and the store assembling the NATS adapter."""
+    assert offenders(("buffered_store.nats",), ("nats",)) != []
+    assert "buffered_store.nats" in GRAPH["buffered_store.threadrun.store"]
+    assert len(GRAPH) > 60
+
+
+def test_no_module_imports_private_names_of_another() -> None:
+    found = sorted(
+        f"{module} imports {name}"
+        for module, names in GRAPH.items()
+        for name in names
+        if within(name, *LIBRARY)
+        and name.rpartition(".")[2].startswith("_")
+        and not name.rpartition(".")[2].startswith("__")
+    )
+    assert found == []
