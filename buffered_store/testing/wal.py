@@ -18,6 +18,7 @@ was lost; `reconnect()` marks the subscriptions of this client stale.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from buffered_store.config import EngineConfig
@@ -410,37 +411,35 @@ class MemoryDelivery:
         fetch waiting while the consumer is deleted returns empty, as on NATS."""
         if self._closed:
             raise StoreError("fetch from the flusher consumer: the subscription is closed")
+        if count < 1:
+            return []
         wal, server, config = self._wal, self._wal.server, self._wal.config
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        wal.check_reachable("fetch from the flusher consumer")
+        first = server.consumer(config.stream_name, config.consumer_name)
+        if first is None:
+            raise WalUnavailableError(
+                f"fetch from the flusher consumer: {config.consumer_name!r} not found"
+            )
         await asyncio.sleep(0)
-        first: MemoryConsumer | None = None
         while True:
             wal.check_reachable("fetch from the flusher consumer")
             changed = server.changed()
-            consumer = server.consumer(config.stream_name, config.consumer_name)
-            if consumer is None or (first is not None and consumer is not first):
-                if first is None:
-                    raise WalUnavailableError(
-                        f"fetch from the flusher consumer: {config.consumer_name!r} not found"
-                    )
-                return []
-            first = consumer
+            if server.consumer(config.stream_name, config.consumer_name) is not first:
+                return []  # deleted (and maybe created again) meanwhile
             now = server.now()
-            taken = consumer.take(count, now)
+            taken = first.take(count, now)
             if taken:
-                return [MemoryDelivered(wal, consumer, msg, n) for msg, n in taken]
-            wait = deadline - loop.time()
-            due = consumer.next_due()
-            if due is not None:
-                wait = min(wait, due - now)
-            if deadline - loop.time() <= 0:
+                return [MemoryDelivered(wal, first, msg, n) for msg, n in taken]
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 return []
-            try:
+            due = first.next_due()  # an unacked message comes back then
+            wait = remaining if due is None else min(remaining, due - now)
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(wait, 0.0)):
                     await changed.wait()
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         """Drop the subscription."""

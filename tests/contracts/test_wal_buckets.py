@@ -109,3 +109,9 @@ async def test_invalid_keys_are_refused(wal: Wal) -> None:
             await wal.kv_put(key, b"x")
         with pytest.raises(StoreError):
             await wal.kv_get(key)
+
+
+async def test_hot_updates_prefix_is_whole_tokens(wal: Wal) -> None:
+    """The prefix is a subject filter ``<prefix>>``: "h" is no prefix of "h.a"."""
+    await wal.kv_put("h.a", b"1")
+    assert await wal.hot_updates("h", 1) == []
