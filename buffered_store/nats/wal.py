@@ -87,6 +87,8 @@ async def translated(what: str) -> AsyncIterator[None]:
         OSError,
     ) as exc:
         raise WalUnavailableError(f"{what}: NATS unavailable ({type(exc).__name__})") from exc
+    except nats.errors.Error as exc:  # refused by the client: payload too large, invalid key
+        raise StoreError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
 
 
 class ReplyInbox:
@@ -708,13 +710,9 @@ class NatsBucket:
         """Compare-and-set on the key's revision (None: absent)."""
         if revision is None:
             return await self.create(key, value)
+        # `KeyValue.update` raises KeyWrongLastSequenceError (no err_code) on a conflict.
         async with translated(f"update {key} in the {self._what}"):
-            try:
-                return await self._kv.update(key, value, last=revision)
-            except jse.APIError as exc:
-                if exc.err_code in KV_WRONG_LAST:
-                    raise ConflictError(f"update {key}: the key changed meanwhile") from exc
-                raise
+            return await self._kv.update(key, value, last=revision)
 
     async def put(self, key: str, value: bytes) -> int:
         """Unconditional write."""

@@ -1,4 +1,4 @@
-"""Helpers for testing code that uses a `ThreadRunStore`, public and documented.
+"""Inner-store helpers of `buffered_store.testing` (import them from there).
 
 - `FaultyFlushTarget` wraps an inner store (for instance `InMemoryThreadRunStore`) and
   injects the failures a flusher must survive: applies that raise, applies that never
