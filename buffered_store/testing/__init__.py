@@ -33,14 +33,11 @@ from datetime import datetime
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.ids import utcnow
-from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.testing.jetstream import DEFAULT_MAX_PAYLOAD, MemoryJetStream
 from buffered_store.testing.stores import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.testing.wal import MemoryBucket, MemoryDelivered, MemoryDelivery, MemoryWal
-from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from buffered_store.threadrun.target import FlushTarget
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -73,10 +70,4 @@ def open_memory_store(
     `server` to have them share one WAL. Closing the store closes its `MemoryWal`.
     """
     config = config if config is not None else BufferedStoreConfig()
-    wal = MemoryWal(config, server)
-    if isinstance(inner, FlushTarget):
-        target: FlushTarget = inner
-    else:
-        # Watermarks in the KV flushed marks, as over NATS: shared with every flusher.
-        target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config)))
-    return BufferedThreadRunStore(inner, target, wal, config, clock=clock)
+    return BufferedThreadRunStore.over(inner, MemoryWal(config, server), config, clock=clock)

@@ -162,12 +162,29 @@ class BufferedThreadRunStore:
         clock: Callable[[], datetime],
     ) -> BufferedThreadRunStore:
         wal = await NatsWal.connect(config, name="bufstore-store")
+        return cls.over(inner, wal, config, clock=clock)
+
+    @classmethod
+    def over(
+        cls,
+        inner: ThreadRunStore,
+        wal: Wal,
+        config: BufferedStoreConfig,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> BufferedThreadRunStore:
+        """The store around `inner` on an open WAL (any implementation of the engine's
+        ports: `connect` passes a `NatsWal`, tests a `testing.MemoryWal`). Closing the
+        store closes `wal`.
+
+        An inner store that is no `FlushTarget` is flushed through `GenericFlushTarget`,
+        its watermarks in the KV flushed marks, shared with every flusher process.
+        """
         if isinstance(inner, FlushTarget):
             target: FlushTarget = inner
         else:
             from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 
-            # Watermarks in the KV flushed marks: shared with every flusher process.
             target = GenericFlushTarget(inner, KvWatermarks(ThreadLog(wal, config, FORMAT)))
         return cls(inner, target, wal, config, clock=clock)
 
