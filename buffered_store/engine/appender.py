@@ -24,7 +24,8 @@ from buffered_store.engine.entries import E, Format, H, follows
 from buffered_store.engine.ids import check_aware, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
-from buffered_store.errors import ConflictError, CorruptEntryError, WalUnavailableError
+from buffered_store.engine.threadlog import ThreadLog
+from buffered_store.errors import ConflictError, WalUnavailableError
 
 log = logging.getLogger("buffered_store.engine.appender")
 
@@ -199,6 +200,7 @@ class Writer(Generic[E, H, S]):
         self.wal = wal
         self.config = config
         self.fmt = fmt
+        self.log = ThreadLog(wal, config, fmt)
         self._seed = seed
         self._clock = clock
         self.cursors: CursorCache[H, S] = CursorCache(config.cursor_cache_threads)
@@ -255,9 +257,7 @@ class Writer(Generic[E, H, S]):
             stream_seq = last.seq if last else 0
             return Cursor(seq, stream_seq, hot, revision, state, runs)
         record = hot
-        msg: StoredMsg | None = await self.wal.next_on(subject, hot.stream_seq + 1 if hot else 1)
-        while msg is not None:
-            entry = self._entry_of(thread_id, msg)
+        async for msg, entry in self.log.walk(thread_id, hot.stream_seq + 1 if hot else 1):
             if entry is not None and (record is None or follows(entry, record.seq)):
                 base = state if record is not None else self.fmt.known_state(None, None)
                 state = self.fmt.state_after(base, entry, owned=False)
@@ -266,7 +266,6 @@ class Writer(Generic[E, H, S]):
                 )
             if msg.seq >= last.seq:
                 break
-            msg = await self.wal.next_on(subject, msg.seq + 1)
         if record is None:
             # Messages on the subject, none of them a readable entry of the thread, and no
             # hot record: the thread's seqs stand wherever the inner store says.
@@ -423,15 +422,8 @@ class Writer(Generic[E, H, S]):
         self.cursors.put(thread_id, cursor)
         return cursor
 
-    def _entry_of(self, thread_id: str, msg: StoredMsg) -> E | None:
-        try:
-            entry = self.fmt.decode_entry(msg.data, stream_seq=msg.seq)
-        except CorruptEntryError:
-            return None
-        return entry if entry.thread_id == thread_id else None
-
     def _is_ours(self, msg: StoredMsg, entry: E) -> bool:
-        stored = self._entry_of(entry.thread_id, msg)
+        stored = self.log.decode(entry.thread_id, msg)
         return stored is not None and stored.seq == entry.seq and stored.writer == entry.writer
 
     def _merge_recent(self, record: H, stored: H) -> H:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -86,7 +86,7 @@ class ThreadLog(Generic[E, H]):
         )
         upto = hot.record.seq if hot else 0
         if last is not None and (hot is None or last.seq > hot.record.stream_seq):
-            entry = self._decode(thread_id, last)
+            entry = self.decode(thread_id, last)
             if entry is not None:
                 upto = max(upto, entry.seq)
         return hot, upto
@@ -137,13 +137,13 @@ class ThreadLog(Generic[E, H]):
         found: dict[int, E] = {}
         if cached[0] != after + 1:
             first = await self.wal.get(known[cached[0]])
-            entry = self._decode(thread_id, first) if first is not None else None
+            entry = self.decode(thread_id, first) if first is not None else None
             if entry is None or entry.seq != cached[0] or not entry.jump:
                 return {}
             found[entry.seq] = entry
             cached = cached[1:]
         for msg in await self.wal.get_many([known[seq] for seq in cached]):
-            entry = self._decode(thread_id, msg)
+            entry = self.decode(thread_id, msg)
             if entry is not None and after < entry.seq <= upto:
                 found[entry.seq] = entry
         return found
@@ -160,20 +160,27 @@ class ThreadLog(Generic[E, H]):
         below = [stream_seq for seq, stream_seq in known.items() if seq <= after]
         if below:
             start = max(start, max(below) + 1)
-        subject = self.subject(thread_id)
         found: dict[int, E] = {}
-        msg = await self.wal.next_on(subject, start)
-        while msg is not None:
-            entry = self._decode(thread_id, msg)
+        async for _, entry in self.walk(thread_id, start):
             if entry is not None:
                 if after < entry.seq <= upto:
                     found[entry.seq] = entry
                 if entry.seq >= upto:
                     break
-            msg = await self.wal.next_on(subject, msg.seq + 1)
         return found
 
-    def _decode(self, thread_id: str, msg: StoredMsg) -> E | None:
+    async def walk(self, thread_id: str, start: int) -> AsyncIterator[tuple[StoredMsg, E | None]]:
+        """The messages on the thread's subject from stream seq `start` on, in order, each
+        with its entry (None when it is no readable entry of the thread): one direct get
+        per message, so callers stop as soon as they have what they need."""
+        subject = self.subject(thread_id)
+        msg = await self.wal.next_on(subject, start)
+        while msg is not None:
+            yield msg, self.decode(thread_id, msg)
+            msg = await self.wal.next_on(subject, msg.seq + 1)
+
+    def decode(self, thread_id: str, msg: StoredMsg) -> E | None:
+        """The entry `msg` holds, or None when it holds none of the thread's."""
         try:
             entry = self.fmt.decode_entry(msg.data, stream_seq=msg.seq)
         except CorruptEntryError:

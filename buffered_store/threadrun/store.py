@@ -124,7 +124,7 @@ class BufferedThreadRunStore:
         self._writer: Writer[WalEntry, HotRecord, list[bytes]] = Writer(
             wal, config, FORMAT, seed=self._seed_from_inner, clock=clock
         )
-        self._log = ThreadLog(wal, config, FORMAT)
+        self._log = self._writer.log
         self._pending = PendingIndex(wal, target.flushed_seqs, FORMAT)
         self._locks = ThreadLocks()
         self._closed = False

@@ -58,7 +58,7 @@ async def wal_seqs(store: BufferedThreadRunStore, thread_id: str) -> list[int]:
     seqs: list[int] = []
     msg = await store.wal.next_on(subject, 1)
     while msg is not None:
-        entry = log._decode(thread_id, msg)
+        entry = log.decode(thread_id, msg)
         if entry is not None:
             seqs.append(entry.seq)
         msg = await store.wal.next_on(subject, msg.seq + 1)
