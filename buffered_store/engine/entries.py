@@ -1,6 +1,11 @@
 """What the engine knows of a WAL entry and of a thread's hot record, whatever the
 front-end that wrote them. Pure: no I/O.
 
+On the wire an entry is one JSON object: the header's keys (``v`` the wire version,
+``t`` thread, ``s`` seq, ``k`` kind, ``at`` time, ``w`` writer, ``j`` jump when set),
+written and checked here, and the body's keys, the front-end's (`Header`,
+`header_json`, `parse_entry`).
+
 Every entry has a header the engine reads: the thread, its per-thread `seq`, the nonce of
 the writing call (`writer`), whether it starts a chain (`jump`), whether it deletes the
 thread, and where it sits in the stream. Its body is the front-end's business: each
@@ -16,11 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
+
+WIRE_VERSION = 1
+"""Version of the entry format (the ``v`` key); a reader refuses any other."""
 
 
 class Entry(Protocol):
@@ -101,6 +110,60 @@ class Format(Protocol[E_co, H_co]):
     def decode_hot(self, data: bytes) -> H_co:
         """The hot record; anything malformed raises `CorruptEntryError`."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """An entry's header as it travels, the kind still the front-end's text."""
+
+    thread_id: str
+    seq: int
+    kind: str
+    at: datetime
+    writer: str = ""
+    jump: bool = False
+
+
+def header_json(header: Header) -> dict[str, Any]:
+    """The header's keys of an entry's JSON object (the front-end adds its body's)."""
+    head: dict[str, Any] = {
+        "v": WIRE_VERSION,
+        "t": header.thread_id,
+        "s": header.seq,
+        "k": header.kind,
+        "at": header.at.isoformat(),
+        "w": header.writer,
+    }
+    if header.jump:
+        head["j"] = True
+    return head
+
+
+def parse_entry(payload: bytes) -> tuple[Header, dict[str, Any]]:
+    """The header of an entry's wire bytes, checked, and the whole JSON object (for the
+    front-end's body keys); anything malformed raises `CorruptEntryError`."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptEntryError(f"payload is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("v") != WIRE_VERSION:
+        raise CorruptEntryError("payload is not a WAL entry of a known version")
+    thread_id, seq, kind = data.get("t"), data.get("s"), data.get("k")
+    if not isinstance(thread_id, str) or not thread_id:
+        raise CorruptEntryError("entry has no thread id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise CorruptEntryError(f"entry has an invalid seq {seq!r}")
+    if not isinstance(kind, str):
+        raise CorruptEntryError(f"entry has an invalid kind {kind!r}")
+    writer = data.get("w", "")
+    try:
+        at = parse_time(data["at"])
+    except Exception as exc:
+        raise CorruptEntryError(f"entry has an invalid time: {exc!r}") from exc
+    if not isinstance(writer, str):
+        raise CorruptEntryError(f"entry has an invalid writer {writer!r}")
+    header = Header(thread_id, seq, kind, at, writer, data.get("j", False) is True)
+    return header, data
 
 
 def follows(entry: Entry, seq: int) -> bool:

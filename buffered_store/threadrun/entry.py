@@ -21,12 +21,11 @@ from typing import Any
 
 import orjson
 
+from buffered_store.engine.entries import Header, header_json, parse_entry
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.messages import apply_delta, canonical_objects, decode_message
 from buffered_store.threadrun.records import Message, RunRecord, Thread
-
-WIRE_VERSION = 1
 
 
 class EntryKind(StrEnum):
@@ -107,16 +106,9 @@ def run_json(run: RunRecord) -> tuple[bytes, orjson.Fragment]:
 
 def encode_entry(entry: WalEntry) -> bytes:
     """Wire bytes of an entry; message bytes are spliced in without re-encoding."""
-    head: dict[str, Any] = {
-        "v": WIRE_VERSION,
-        "t": entry.thread_id,
-        "s": entry.seq,
-        "k": entry.kind.value,
-        "at": entry.at.isoformat(),
-        "w": entry.writer,
-    }
-    if entry.jump:
-        head["j"] = True
+    head = header_json(
+        Header(entry.thread_id, entry.seq, entry.kind.value, entry.at, entry.writer, entry.jump)
+    )
     if entry.kind is EntryKind.CHECKPOINT:
         head.update(
             keep=entry.keep,
@@ -141,29 +133,17 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
     Columnar readers need the roles; taking them from the parse done here spares parsing
     every message a second time.
     """
+    header, data = parse_entry(payload)
+    thread_id, seq, at, jump = header.thread_id, header.seq, header.at, header.jump
     try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        raise CorruptEntryError(f"payload is not JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("v") != WIRE_VERSION:
-        raise CorruptEntryError("payload is not a WAL entry of a known version")
-    try:
-        kind = EntryKind(data["k"])
-        thread_id = data["t"]
-        seq = data["s"]
-        if not isinstance(thread_id, str) or not thread_id:
-            raise CorruptEntryError("entry has no thread id")
-        if not isinstance(seq, int) or seq < 1:
-            raise CorruptEntryError(f"entry has an invalid seq {seq!r}")
-        at = parse_time(data["at"])
-        jump = data.get("j", False) is True
+        kind = EntryKind(header.kind)
         if kind is EntryKind.DELETE:
             entry = WalEntry(
                 thread_id=thread_id,
                 seq=seq,
                 kind=kind,
                 at=at,
-                writer=data.get("w", ""),
+                writer=header.writer,
                 jump=jump,
                 stream_seq=stream_seq,
             )
@@ -194,7 +174,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
             created_at=parse_time(data["c"]),
             parent_thread_id=data.get("p"),
             metadata=data.get("md") or {},
-            writer=data.get("w", ""),
+            writer=header.writer,
             jump=jump,
             stream_seq=stream_seq,
         )

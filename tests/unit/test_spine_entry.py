@@ -8,10 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from buffered_store.engine.entries import FlushedMark, decode_flushed, encode_flushed
+from buffered_store.engine.entries import WIRE_VERSION, FlushedMark, decode_flushed, encode_flushed
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.entry import (
-    WIRE_VERSION,
     EntryKind,
     HotRecord,
     WalEntry,
