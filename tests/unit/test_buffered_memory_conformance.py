@@ -1,9 +1,9 @@
 """`BufferedThreadRunStore` over the in-memory WAL (`MemoryWal`): the `ThreadRunStore`
 conformance suite without any service, and the flusher draining a `MemoryWal`.
 
-The suite runs in the two read-consistency modes that promise read-your-writes, as
-tests/integration/test_buffered_conformance.py runs them over NATS (EVENTUAL needs the
-flush-after-write wrapper that module explains; it stays an integration variant).
+The suite runs in the three read-consistency modes, as
+tests/integration/test_buffered_conformance.py runs them over NATS: EVENTUAL through
+`FlushedWrites` (each write returns once its thread is flushed, see that module).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from buffered_store.testing import (
     open_memory_store,
 )
 from flusher import Flusher
+from tests.conformance.flushed import FlushedWrites
 from tests.conformance.helpers import fresh_id
 from tests.conformance.suite import ThreadRunStoreContract
 
-MODES = [ReadConsistency.READ_YOUR_WRITES, ReadConsistency.STRONG]
+MODES = list(ReadConsistency)
 
 
 @pytest.fixture(scope="class", params=MODES, ids=lambda mode: mode.value)
@@ -43,8 +44,7 @@ def mode(request: pytest.FixtureRequest) -> ReadConsistency:
 
 @pytest.fixture(scope="class")
 async def shared_store(mode: ReadConsistency) -> AsyncIterator[ThreadRunStore]:
-    config = BufferedStoreConfig(read_consistency=mode, drain_on_close=False)
-    store = open_memory_store(InMemoryThreadRunStore(), config)
+    store = _in_mode(mode)
     yield store
     await store.close()
 
@@ -58,11 +58,16 @@ class TestBufferedOverMemoryWal(ThreadRunStoreContract):
 
     @pytest.fixture
     async def empty_store(self, mode: ReadConsistency) -> AsyncIterator[ThreadRunStore]:
-        config = BufferedStoreConfig(read_consistency=mode, drain_on_close=False)
-        store = open_memory_store(InMemoryThreadRunStore(), config)
+        store = _in_mode(mode)
         yield store
         with contextlib.suppress(Exception):
             await store.close()
+
+
+def _in_mode(mode: ReadConsistency) -> ThreadRunStore:
+    config = BufferedStoreConfig(read_consistency=mode, drain_on_close=False)
+    store = open_memory_store(InMemoryThreadRunStore(), config)
+    return FlushedWrites(store) if mode is ReadConsistency.EVENTUAL else store
 
 
 # -- the flusher over a MemoryWal -------------------------------------------------------------
