@@ -25,7 +25,12 @@ from buffered_store.engine.ids import check_aware, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.engine.threadlog import ThreadLog
-from buffered_store.errors import ConflictError, WalUnavailableError
+from buffered_store.errors import (
+    CommitUnknownError,
+    ConflictError,
+    StoreError,
+    WalUnavailableError,
+)
 
 log = logging.getLogger("buffered_store.engine.appender")
 
@@ -205,6 +210,8 @@ class Writer(Generic[E, H, S]):
         self._clock = clock
         self.cursors: CursorCache[H, S] = CursorCache(config.cursor_cache_threads)
         self.conflicts = 0
+        self.commit_unknown = 0
+        """Writes whose outcome could not be known (`CommitUnknownError`)."""
         self.wal_bytes = 0
         # Nonces: random per instance, then a counter (unique without a syscall per call).
         self._nonce_prefix = secrets.token_hex(8)
@@ -318,6 +325,56 @@ class Writer(Generic[E, H, S]):
             self.wal_bytes += len(payload)
             return entry, stream_seq, cursor
         raise ConflictError(f"thread {thread_id!r}: too many concurrent writers, gave up")
+
+    async def write(
+        self,
+        thread_id: str,
+        build: Callable[[Cursor[H, S]], tuple[E, bytes]],
+        state: S | None,
+        *,
+        deadline: float,
+    ) -> tuple[E, int]:
+        """Publish the entry `build` makes, then advance the hot record; returns the entry
+        and its stream seq. Both round trips share one timeout, up to `deadline` (a loop
+        time); `state` is the front-end's state after the entry, when the caller knows it.
+
+        When the outcome cannot be known, raises `CommitUnknownError`: the entry is in the
+        WAL but its hot record could not be updated (it will be flushed, its seq is
+        taken), or the publish went out and no answer came. `WalUnavailableError` or the
+        refusal itself when nothing can be in the WAL.
+        """
+        attempt = AppendAttempt()
+        written: E | None = None
+        try:
+            # One timeout scope for both round trips (a second one costs a timer per call).
+            async with asyncio.timeout_at(deadline):
+                entry, stream_seq, base = await self.append(thread_id, build, attempt)
+                written = entry
+                cursor = self.record_written(thread_id, entry, stream_seq, base, state)
+                assert cursor.hot is not None
+                cursor.revision = await self.advance_hot(thread_id, cursor.hot, base.revision)
+        except (StoreError, TimeoutError) as exc:
+            if written is not None:
+                self.cursors.drop(thread_id)
+                self.commit_unknown += 1
+                raise CommitUnknownError(
+                    f"entry {written.seq} of thread {thread_id!r} is in the WAL but its "
+                    f"hot record could not be updated ({exc}); it will be flushed",
+                    thread_id=thread_id,
+                    thread_seq=written.seq,
+                ) from exc
+            if not attempt.sent and not isinstance(exc, TimeoutError):
+                raise  # refused before or by the publish: nothing is in the WAL
+            self.cursors.drop(thread_id)
+            if attempt.sent:
+                self.commit_unknown += 1
+                raise CommitUnknownError(
+                    f"write to thread {thread_id!r}: the WAL did not confirm it ({exc!r}); "
+                    "it may or may not have been stored",
+                    thread_id=thread_id,
+                ) from exc
+            raise WalUnavailableError(f"write to thread {thread_id!r} timed out") from exc
+        return entry, stream_seq
 
     async def _publish(
         self,

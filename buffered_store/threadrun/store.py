@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from buffered_store.config import BufferedStoreConfig, ReadConsistency
-from buffered_store.engine.appender import AppendAttempt, Cursor, Seeded, ThreadLocks, Writer
+from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.engine.keys import decode_run_claim, encode_run_claim, run_key
@@ -133,7 +133,6 @@ class BufferedThreadRunStore:
             "checkpoints_failed": 0,
             # checkpoints_failed by cause (see `_failure_kind`); they add up to it.
             **{f"checkpoints_{kind}": 0 for kind in FAILURE_KINDS},
-            "commit_unknown": 0,
             "deletes": 0,
             "checkpoint_seconds_total": 0.0,
         }
@@ -468,45 +467,11 @@ class BufferedThreadRunStore:
         snapshot: list[bytes] | None,
         deadline: float | None = None,
     ) -> tuple[WalEntry, int]:
-        """Publish the entry, then advance the hot record; returns the entry and its
-        stream seq. Both round trips share the checkpoint's `checkpoint_timeout_s` (or
-        what is left of it at `deadline`, a loop time)."""
-        attempt = AppendAttempt()
-        written: WalEntry | None = None
+        """`Writer.write` within the checkpoint's `checkpoint_timeout_s` (or what is left
+        of it at `deadline`, a loop time)."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self.config.checkpoint_timeout_s
-        try:
-            # One timeout scope for both round trips (a second one costs a timer per call).
-            async with asyncio.timeout_at(deadline):
-                entry, stream_seq, base = await self._writer.append(thread_id, build, attempt)
-                written = entry
-                cursor = self._writer.record_written(thread_id, entry, stream_seq, base, snapshot)
-                assert cursor.hot is not None
-                cursor.revision = await self._writer.advance_hot(
-                    thread_id, cursor.hot, base.revision
-                )
-        except (StoreError, TimeoutError) as exc:
-            if written is not None:
-                self._writer.cursors.drop(thread_id)
-                self._stats["commit_unknown"] += 1
-                raise CommitUnknownError(
-                    f"checkpoint {written.seq} of thread {thread_id!r} is in the WAL but its "
-                    f"hot record could not be updated ({exc}); it will be flushed",
-                    thread_id=thread_id,
-                    thread_seq=written.seq,
-                ) from exc
-            if not attempt.sent and not isinstance(exc, TimeoutError):
-                raise  # refused before or by the publish: nothing is in the WAL
-            self._writer.cursors.drop(thread_id)
-            if attempt.sent:
-                self._stats["commit_unknown"] += 1
-                raise CommitUnknownError(
-                    f"checkpoint of thread {thread_id!r}: the WAL did not confirm it ({exc!r}); "
-                    "it may or may not have been stored",
-                    thread_id=thread_id,
-                ) from exc
-            raise WalUnavailableError(f"checkpoint of thread {thread_id!r} timed out") from exc
-        return entry, stream_seq
+        return await self._writer.write(thread_id, build, snapshot, deadline=deadline)
 
     async def _seed_from_inner(self, thread_id: str) -> Seeded[HotRecord, list[bytes]] | None:
         """The inner store's state of a thread the WAL has never seen, if it answers soon.
@@ -817,6 +782,7 @@ class BufferedThreadRunStore:
         ``wal_bytes`` and ``nats_requests``."""
         return {
             **self._stats,
+            "commit_unknown": self._writer.commit_unknown,
             "cas_conflicts": self._writer.conflicts,
             "wal_bytes": self._writer.wal_bytes,
             "nats_requests": self.wal.requests,
