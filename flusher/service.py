@@ -17,18 +17,20 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
+from typing import Any
 
 from buffered_store.config import EngineConfig
+from buffered_store.engine.entries import Format
+from buffered_store.engine.flushing import FlushSink
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.ports import Delivered, Wal
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError, WalUnavailableError
 from buffered_store.metrics_core import HistogramSnapshot
 from buffered_store.nats import NatsWal
-from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry
+from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.target import FlushTarget
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.held import Held, Settler
@@ -51,13 +53,17 @@ class Flusher:
     retries, quarantine.
 
     Args:
-        inner: the store to flush into. A `FlushTarget` (Postgres, in-memory) applies each
-            batch atomically with its watermark; any other `ThreadRunStore` is wrapped in
-            the at-least-once `GenericFlushTarget` (watermarks in the KV flushed marks).
+        inner: the store to flush into. A `FlushSink` (for thread-runs: the Postgres and
+            in-memory stores) applies each batch atomically with its watermark; any other
+            `ThreadRunStore` is wrapped in the at-least-once `GenericFlushTarget`
+            (watermarks in the KV flushed marks).
         config: a `FlusherConfig`, or any `EngineConfig` (a store's) whose shared
             settings are copied; None reads ``BUFSTORE_*`` environment variables.
         wal: an open `Wal` to use (not closed by `stop`); by default the flusher opens
             its own connection, which reconnects forever.
+        fmt: the front-end whose entries the WAL holds (`Format`); the thread-run
+            front-end's by default. Another front-end's needs its own `FlushSink` as
+            `inner` (and its own stream, bucket and consumer names in `config`).
         clock: wall-clock time, for lag figures and quarantine records.
         backlog_poll_s: seconds between polls of the consumer for the backlog gauges of
             `stats()` (two requests, plus one direct get per tail entry up to
@@ -66,10 +72,11 @@ class Flusher:
 
     def __init__(
         self,
-        inner: ThreadRunStore | FlushTarget,
+        inner: ThreadRunStore | FlushSink[Any],
         config: EngineConfig | None = None,
         *,
         wal: Wal | None = None,
+        fmt: Format[Any, Any] | None = None,
         clock: Callable[[], datetime] = utcnow,
         name: str = "bufstore-flusher",
         backlog_poll_s: float = 5.0,
@@ -89,8 +96,13 @@ class Flusher:
         self._wal = wal
         self._owns_wal = wal is None
         self._stats = FlusherStats()
-        self._target: FlushTarget | None = None
-        self._thread_log: ThreadLog[WalEntry, HotRecord] | None = None
+        self._fmt: Format[Any, Any] = FORMAT if fmt is None else fmt
+        if fmt is not None and not isinstance(inner, FlushSink):
+            raise ConfigError(
+                "a flusher of another front-end's format needs that front-end's FlushSink"
+            )
+        self._target: FlushSink[Any] | None = None
+        self._thread_log: ThreadLog[Any, Any] | None = None
         self._runner: CycleRunner | None = None
         self._intake: Intake | None = None
         self._task: asyncio.Task[None] | None = None
@@ -120,7 +132,7 @@ class Flusher:
         return self._wal
 
     @property
-    def target(self) -> FlushTarget:
+    def target(self) -> FlushSink[Any]:
         """What batches are applied to (after `start`)."""
         if self._target is None:
             raise StoreError("the flusher is not started")
@@ -133,9 +145,9 @@ class Flusher:
         if self._wal is None:
             self._wal = await NatsWal.connect(self.config, name=self.name)
         wal = self._wal
-        thread_log = ThreadLog(wal, self.config, FORMAT)
+        thread_log = ThreadLog(wal, self.config, self._fmt)
         self._thread_log = thread_log
-        if isinstance(self.inner, FlushTarget):
+        if isinstance(self.inner, FlushSink):
             self._target = self.inner
         else:
             self._target = GenericFlushTarget(self.inner, KvWatermarks(thread_log))

@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 from buffered_store.config import EngineConfig
 from buffered_store.dev.services import NatsServer
 from buffered_store.engine import ids
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, FlushSink
 from buffered_store.engine.ids import MAX_ID_BYTES, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.threadlog import ThreadLog
@@ -181,7 +181,7 @@ async def eventually(
 
 
 async def flushed_to(
-    target: FlushTarget, expected: dict[str, int], timeout_s: float = 10.0
+    target: FlushSink[Any], expected: dict[str, int], timeout_s: float = 10.0
 ) -> None:
     async def check() -> bool:
         return await target.flushed_seqs(list(expected)) == expected
