@@ -37,7 +37,7 @@ class FlusherStats:
     redeliveries: int = 0
     """Fetched messages delivered more than once (num_delivered > 1)."""
     transactions: int = 0
-    """Calls of `FlushTarget.apply` (one transaction each; retries included)."""
+    """Calls of `FlushSink.apply` (one transaction each; retries included)."""
     threads_applied: int = 0
     """Per-thread batches the target reported APPLIED."""
     entries_applied: int = 0

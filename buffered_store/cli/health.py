@@ -3,9 +3,10 @@ are under their thresholds, 1 otherwise; usable as a container probe.
 
 It measures what `bufstore status` reports (backlog from the consumer info; lag as the
 age of the oldest entry above its thread's flushed mark), but bounded and free of side
-effects, as a probe must be: one plain NATS connection that creates and validates
-nothing (`status` goes through `NatsWal.connect`, which creates missing objects and rejects
-a consumer whose settings differ from the caller's), and at most `SCAN_LIMIT` direct
+effects, as a probe must be: a NATS connection that gives up at once when it is lost and
+only opens what exists (``NatsWal.connect(setup="open", reconnect="probe")``: nothing is
+created, and no setting is compared with the caller's, where `status` creates missing
+objects and rejects a consumer whose settings differ), and at most `SCAN_LIMIT` direct
 gets of the tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every
 check is bounded by ``--timeout``.
 """
@@ -201,7 +202,7 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
         config,
         name="bufstore-health",
         setup="open",
-        reconnect=False,
+        reconnect="probe",
         connect_timeout_s=timeout_s,
     )
     try:
@@ -227,7 +228,7 @@ async def wal_figures(config: EngineConfig, timeout_s: float, scan_limit: int) -
             complete=last - first < scan_limit,
         )
     finally:
-        await wal.close()
+        await wal.close(drain=False)
 
 
 async def _postgres_check(database_url: str | None, timeout_s: float) -> Check:

@@ -28,6 +28,7 @@ from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import (
     CommitUnknownError,
     ConflictError,
+    PayloadTooLargeError,
     StoreError,
     WalUnavailableError,
 )
@@ -109,7 +110,7 @@ class Cursor(Generic[H, S]):
     """KV revision of the hot key (None: the key does not exist)."""
     state: S | None
     """The front-end's state of the thread at `seq`, when known (None: unknown)."""
-    runs: set[str] = field(default_factory=set)
+    claims: set[str] = field(default_factory=set)
     """Ids the front-end claimed for this thread in KV through this instance (run ids,
     for the thread-run front-end); dropped when the thread is deleted."""
     jump: bool = False
@@ -141,7 +142,7 @@ class CursorCache(Generic[H, S]):
             self._items.popitem(last=False)
 
     def drop(self, thread_id: str) -> None:
-        """Forget a thread (its next write reloads from NATS)."""
+        """Forget a thread (its next write reloads it from the WAL)."""
         self._items.pop(thread_id, None)
 
     def threads(self) -> list[str]:
@@ -230,7 +231,7 @@ class Writer(Generic[E, H, S]):
         return wal_subject(self.config.stream_name, thread_id)
 
     async def cursor(self, thread_id: str) -> Cursor[H, S]:
-        """This instance's cursor of the thread, loading it from NATS when unknown."""
+        """This instance's cursor of the thread, loading it from the WAL when unknown."""
         cursor = self.cursors.get(thread_id)
         if cursor is None:
             cursor = await self.load_cursor(thread_id, None)
@@ -251,18 +252,18 @@ class Writer(Generic[E, H, S]):
         )
         hot = self.fmt.decode_hot(value.value) if value else None
         revision = value.revision if value else None
-        # Run claims made through the old cursor hold while the thread was not deleted
-        # since (a deleted thread's runs may have been claimed by other threads).
-        runs = old.runs if old and (hot is None or hot.deleted_seq <= old.seq) else set()
+        # Claims made through the old cursor hold while the thread was not deleted
+        # since (a deleted thread's ids may have been claimed by other threads).
+        claims = old.claims if old and (hot is None or hot.deleted_seq <= old.seq) else set()
         if last is None and hot is None:
-            return await self._cold_cursor(thread_id, runs)
+            return await self._cold_cursor(thread_id, claims)
         state = self.fmt.known_state(
             hot, old.state if old is not None and hot is not None and old.seq == hot.seq else None
         )
         if last is None or (hot is not None and last.seq == hot.stream_seq):
             seq = hot.seq if hot else 0
             stream_seq = last.seq if last else 0
-            return Cursor(seq, stream_seq, hot, revision, state, runs)
+            return Cursor(seq, stream_seq, hot, revision, state, claims)
         record = hot
         async for msg, entry in self.log.walk(thread_id, hot.stream_seq + 1 if hot else 1):
             if entry is not None and (record is None or follows(entry, record.seq)):
@@ -276,15 +277,15 @@ class Writer(Generic[E, H, S]):
         if record is None:
             # Messages on the subject, none of them a readable entry of the thread, and no
             # hot record: the thread's seqs stand wherever the inner store says.
-            cold = await self._cold_cursor(thread_id, runs)
+            cold = await self._cold_cursor(thread_id, claims)
             cold.stream_seq = last.seq
             return cold
         if old is not None and record.deleted_seq > old.seq:
-            runs = set()
+            claims = set()
         behind = hot is None or record.seq > hot.seq
-        return Cursor(record.seq, last.seq, record, revision, state, runs, hot_behind=behind)
+        return Cursor(record.seq, last.seq, record, revision, state, claims, hot_behind=behind)
 
-    async def _cold_cursor(self, thread_id: str, runs: set[str]) -> Cursor[H, S]:
+    async def _cold_cursor(self, thread_id: str, claims: set[str]) -> Cursor[H, S]:
         """The cursor of a thread the WAL has never seen (no entry, no hot record).
 
         The inner store may hold it (data written before the buffered store was put in
@@ -293,13 +294,13 @@ class Writer(Generic[E, H, S]):
         """
         empty = self.fmt.known_state(None, None)
         if self._seed is None:
-            return Cursor(0, 0, None, None, empty, runs)
+            return Cursor(0, 0, None, None, empty, claims)
         stored = await self._seed(thread_id)
         if stored is None:
-            return Cursor(jump_seq(self._clock()), 0, None, None, empty, runs, jump=True)
+            return Cursor(jump_seq(self._clock()), 0, None, None, empty, claims, jump=True)
         if stored.seq == 0:
-            return Cursor(0, 0, None, None, empty, runs)
-        return Cursor(stored.seq, 0, stored.hot, None, stored.state, runs)
+            return Cursor(0, 0, None, None, empty, claims)
+        return Cursor(stored.seq, 0, stored.hot, None, stored.state, claims)
 
     async def append(
         self,
@@ -315,6 +316,11 @@ class Writer(Generic[E, H, S]):
         cursor = await self.cursor(thread_id)
         for _ in range(MAX_CONFLICTS):
             entry, payload = build(cursor)
+            if len(payload) > self.max_entry_bytes:
+                raise PayloadTooLargeError(
+                    f"entry {entry.seq} of thread {thread_id!r} is {len(payload)} bytes; the "
+                    f"WAL accepts {self.max_entry_bytes}: nothing was written"
+                )
             try:
                 stream_seq = await self._publish(thread_id, entry, payload, cursor, attempt)
             except ConflictError:
@@ -396,6 +402,9 @@ class Writer(Generic[E, H, S]):
                     msg_id=msg_id(thread_id, entry.seq),
                     expected_last_subject_seq=cursor.stream_seq,
                 )
+            except PayloadTooLargeError:
+                attempt.sent = resent  # refused by the client: this publish never left
+                raise
             except ConflictError:
                 # Servers check the expected sequence before deduplicating, so a retry of a
                 # publish that did land comes back as a conflict. Had it landed, it is the
@@ -421,7 +430,7 @@ class Writer(Generic[E, H, S]):
             return stream_seq
 
     async def _message_after(self, subject: str, stream_seq: int) -> StoredMsg | None:
-        """The first message on `subject` after `stream_seq`, retried while NATS is
+        """The first message on `subject` after `stream_seq`, retried while the WAL is
         unreachable (the checkpoint's timeout bounds it): the answer decides between
         "stored" and "not stored", which a caller must not be told wrongly."""
         delay = 0.05
@@ -474,7 +483,7 @@ class Writer(Generic[E, H, S]):
             revision=base.revision,
             state=state,
             # A deleted thread holds no claim: its ids may pass to other threads.
-            runs=set() if entry.deletes else base.runs,
+            claims=set() if entry.deletes else base.claims,
         )
         self.cursors.put(thread_id, cursor)
         return cursor

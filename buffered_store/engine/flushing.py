@@ -32,7 +32,7 @@ class ApplyStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ApplyOutcome:
-    """What `FlushTarget.apply` did for one thread."""
+    """What `FlushSink.apply` did for one thread."""
 
     thread_id: str
     status: ApplyStatus

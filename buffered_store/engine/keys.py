@@ -15,7 +15,8 @@ from buffered_store.engine.ids import check_id
 from buffered_store.errors import ValidationError
 
 THREAD_SUBJECT_KIND = "t"
-"""Subject namespace of ThreadRunStore entries (other front-ends use their own)."""
+"""Subject token of thread entries (``<stream>.t.<thread>``). Every front-end's entries
+use it; front-ends keep apart by their own stream, bucket and consumer names."""
 
 
 def encode_token(value: str) -> str:
@@ -93,37 +94,6 @@ def hot_key(thread_id: str) -> str:
 def flushed_key(thread_id: str) -> str:
     """KV key of the thread's flushed watermark, written by flushers after commit."""
     return f"f.{thread_token(thread_id)}"
-
-
-def run_key(run_id: str) -> str:
-    """KV key of a run's claim: which thread owns the run id (see `encode_run_claim`)."""
-    return f"r.{encode_token(check_id(run_id, 'run_id'))}"
-
-
-def encode_run_claim(thread_id: str, claimed_at_us: int, seq: int) -> bytes:
-    """KV value of a run claim: the owning thread, when it was claimed (µs since the
-    epoch, the claimer's clock) and the thread's seq the claimer knew then, joined by
-    NULs, which ids never contain."""
-    return f"{thread_id}\x00{claimed_at_us}\x00{seq}".encode()
-
-
-def decode_run_claim(value: bytes) -> tuple[str, int, int | None]:
-    """(thread id, claimed at µs, thread seq) of a run claim. Claims written before the
-    time was recorded (the bare thread id) read as claimed at 0, i.e. long ago; claims
-    without a seq read None (unknown)."""
-    text = value.decode("utf-8")
-    thread_id, sep, rest = text.partition("\x00")
-    if not sep:
-        return text, 0, None
-    at, sep, seq = rest.partition("\x00")
-    try:
-        claimed_at = int(at)
-    except ValueError:
-        return thread_id, 0, None
-    try:
-        return thread_id, claimed_at, int(seq) if sep else None
-    except ValueError:
-        return thread_id, claimed_at, None
 
 
 def msg_id(thread_id: str, seq: int) -> str:

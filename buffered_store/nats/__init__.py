@@ -4,6 +4,6 @@
 nothing nats-py defines leaves this package.
 """
 
-from buffered_store.nats.wal import NatsWal, translated
+from buffered_store.nats.wal import NatsWal
 
-__all__ = ["NatsWal", "translated"]
+__all__ = ["NatsWal"]

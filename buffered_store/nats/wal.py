@@ -40,7 +40,13 @@ from nats.js.kv import KeyValue
 from buffered_store.config import EngineConfig
 from buffered_store.engine.keys import stream_subjects
 from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
-from buffered_store.errors import ConfigError, ConflictError, StoreError, WalUnavailableError
+from buffered_store.errors import (
+    ConfigError,
+    ConflictError,
+    PayloadTooLargeError,
+    StoreError,
+    WalUnavailableError,
+)
 
 log = logging.getLogger("buffered_store.nats.wal")
 T = TypeVar("T")
@@ -87,7 +93,9 @@ async def translated(what: str) -> AsyncIterator[None]:
         OSError,
     ) as exc:
         raise WalUnavailableError(f"{what}: NATS unavailable ({type(exc).__name__})") from exc
-    except nats.errors.Error as exc:  # refused by the client: payload too large, invalid key
+    except nats.errors.MaxPayloadError as exc:  # refused by the client: nothing was sent
+        raise PayloadTooLargeError(f"{what}: larger than the server accepts ({exc})") from exc
+    except nats.errors.Error as exc:  # refused by the client: invalid key, draining
         raise StoreError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
 
 
@@ -201,29 +209,36 @@ class NatsWal:
         *,
         name: str = "bufstore",
         setup: Literal["ensure", "open", "none"] = "ensure",
-        reconnect: bool = True,
+        reconnect: Literal["forever", "never", "probe"] = "forever",
         connect_timeout_s: float | None = None,
     ) -> NatsWal:
         """Connect and open the JetStream objects.
 
-        By default the client reconnects forever afterwards and creates whatever object
-        is missing (``setup="ensure"``). ``setup="open"`` only opens existing ones
-        (`StoreError` naming a missing one); ``setup="none"`` touches no server object,
-        for handles that only read the stream. ``reconnect=False`` gives up on the first
-        lost connection: what a one-shot health check or a Spark task wants.
+        ``setup``: ``"ensure"`` (default) creates whatever object is missing; ``"open"``
+        opens existing ones (`StoreError` naming a missing stream, consumer or hot
+        bucket); ``"none"`` touches no server object, for handles that only read the
+        stream.
+
+        ``reconnect``: ``"forever"`` (default: stores and flushers) reconnects after any
+        loss; ``"never"`` gives up on a lost connection but, like nats-py by default,
+        keeps trying to reach a server for the first connection for about two minutes
+        (Spark tasks); ``"probe"`` gives up at once and logs client errors at debug
+        level only (a one-shot health check).
         """
         timeout_s = connect_timeout_s or config.request_timeout_s
+        # nats-py retries the first connection max_reconnect_attempts times too (0 would
+        # mean "retry forever" when choosing a server).
+        attempts, wait_s = {"forever": (-1, 0.2), "never": (60, 2.0), "probe": (1, 0.1)}[reconnect]
         async with translated(f"connect to {config.nats_url}"):
             nc = await nats.connect(
                 servers=config.servers,
                 name=name,
-                user_credentials=credentials_option(config),
+                user_credentials=_credentials_option(config),
                 connect_timeout=timeout_s,
-                # nats-py treats 0 as "retry forever" when choosing a server: one retry.
-                max_reconnect_attempts=-1 if reconnect else 1,
-                reconnect_time_wait=0.2 if reconnect else 0.1,
-                allow_reconnect=reconnect,
-                error_cb=_log_error if reconnect else _quiet,
+                max_reconnect_attempts=attempts,
+                reconnect_time_wait=wait_s,
+                allow_reconnect=reconnect == "forever",
+                error_cb=_quiet if reconnect == "probe" else _log_error,
                 disconnected_cb=_log_event("nats_disconnected"),
                 reconnected_cb=_log_event("nats_reconnected"),
             )
@@ -238,9 +253,12 @@ class NatsWal:
             raise
         return wal
 
-    async def close(self) -> None:
-        """Flush pending writes and close the connection."""
+    async def close(self, *, drain: bool = True) -> None:
+        """Flush pending writes (unless `drain` is False) and close the connection."""
         if not self._nc.is_closed:
+            if not drain:
+                await self._nc.close()
+                return
             try:
                 await asyncio.wait_for(self._nc.drain(), timeout=self.config.request_timeout_s)
             except Exception:  # closing anyway; nothing is pending that matters
@@ -258,7 +276,7 @@ class NatsWal:
 
     # -- set-up -------------------------------------------------------------------------
 
-    def stream_config(self) -> StreamConfig:
+    def _stream_config(self) -> StreamConfig:
         """The WAL stream as the configuration asks for it."""
         cfg = self.config
         return StreamConfig(
@@ -273,7 +291,7 @@ class NatsWal:
             discard=DiscardPolicy.OLD,
         )
 
-    def consumer_config(self) -> ConsumerConfig:
+    def _consumer_config(self) -> ConsumerConfig:
         """The durable flusher consumer as the configuration asks for it."""
         cfg = self.config
         return ConsumerConfig(
@@ -297,31 +315,31 @@ class NatsWal:
             await self._ensure_consumer()
 
     async def open_objects(self) -> None:
-        """Open the stream, buckets and consumer, which must exist (`StoreError` if not)."""
+        """Open the stream, the consumer and the hot bucket, which must exist (`StoreError`
+        naming the missing one), and the quarantine bucket if it exists."""
         cfg = self.config
         async with translated("open JetStream objects"):
-            for what, read in (
-                (f"stream {cfg.stream_name!r}", self._js.stream_info(cfg.stream_name)),
-                (
-                    f"consumer {cfg.consumer_name!r}",
-                    self._js.consumer_info(cfg.stream_name, cfg.consumer_name),
-                ),
-            ):
-                try:
-                    await read
-                except jse.NotFoundError:
-                    raise StoreError(f"the {what} was not found") from None
-            buckets = []
-            for bucket in (cfg.hot_bucket, cfg.quarantine_bucket):
-                try:
-                    buckets.append(self._bucket_handle(await self._js.key_value(bucket), bucket))
-                except (jse.BucketNotFoundError, jse.NotFoundError):
-                    raise StoreError(f"the bucket {bucket!r} was not found") from None
-        self._hot = buckets[0]
-        self._quarantine = NatsBucket(buckets[1], "quarantine bucket")
+            try:
+                await self._js.stream_info(cfg.stream_name)
+            except jse.NotFoundError:
+                raise StoreError(f"the stream {cfg.stream_name!r} was not found") from None
+            try:
+                await self._js.consumer_info(cfg.stream_name, cfg.consumer_name)
+            except jse.NotFoundError:
+                raise StoreError(f"the consumer {cfg.consumer_name!r} was not found") from None
+            try:
+                hot = await self._js.key_value(cfg.hot_bucket)
+            except (jse.BucketNotFoundError, jse.NotFoundError):
+                raise StoreError(f"the bucket {cfg.hot_bucket!r} was not found") from None
+            self._hot = self._bucket_handle(hot, cfg.hot_bucket)
+            with contextlib.suppress(jse.BucketNotFoundError, jse.NotFoundError):
+                quarantine = await self._js.key_value(cfg.quarantine_bucket)
+                self._quarantine = NatsBucket(
+                    self._bucket_handle(quarantine, cfg.quarantine_bucket), "quarantine bucket"
+                )
 
     async def _ensure_stream(self) -> None:
-        wanted = self.stream_config()
+        wanted = self._stream_config()
         try:
             info = await self._js.stream_info(self.stream)
         except jse.NotFoundError:
@@ -391,7 +409,7 @@ class NatsWal:
                 return True
 
     async def _ensure_consumer(self) -> None:
-        wanted = self.consumer_config()
+        wanted = self._consumer_config()
         try:
             info = await self._js.consumer_info(self.stream, self.config.consumer_name)
         except jse.NotFoundError:
@@ -420,15 +438,16 @@ class NatsWal:
             )
 
     @property
-    def hot(self) -> KeyValue:
+    def _hot_kv(self) -> KeyValue:
         """The hot metadata bucket."""
         assert self._hot is not None, "ensure_objects() first"
         return self._hot
 
     @property
     def quarantine(self) -> NatsBucket:
-        """The quarantine bucket."""
-        assert self._quarantine is not None, "ensure_objects() first"
+        """The quarantine bucket (`StoreError` when it was not found on opening)."""
+        if self._quarantine is None:
+            raise StoreError(f"the bucket {self.config.quarantine_bucket!r} was not found")
         return self._quarantine
 
     # -- stream -------------------------------------------------------------------------
@@ -642,7 +661,7 @@ class NatsWal:
 
     async def kv_get(self, key: str) -> KvValue | None:
         """A key's value and revision, or None when absent or deleted."""
-        return await _kv_get(self.hot, key)
+        return await _kv_get(self._hot_kv, key)
 
     async def kv_get_many(self, keys: Sequence[str]) -> list[KvValue | None]:
         """Several keys concurrently."""
@@ -656,7 +675,7 @@ class NatsWal:
         async with translated(f"update {key}"):
             try:
                 if revision is None:
-                    return await self.hot.create(key, value)
+                    return await self._hot_kv.create(key, value)
                 # `KeyValue.update` is this publish with the expected last subject seq.
                 headers = {EXPECTED_LAST_SUBJECT_SEQ: str(revision)}
                 seq, _ = await self._js_publish(self._hot_prefix + key, value, headers)
@@ -671,12 +690,12 @@ class NatsWal:
     async def kv_put(self, key: str, value: bytes) -> int:
         """Unconditional write."""
         async with translated(f"put {key}"):
-            return await self.hot.put(key, value)
+            return await self._hot_kv.put(key, value)
 
     async def kv_delete(self, key: str) -> None:
         """Delete a key."""
         async with translated(f"delete {key}"):
-            await self.hot.delete(key)
+            await self._hot_kv.delete(key)
 
 
 async def _kv_get(kv: KeyValue, key: str) -> KvValue | None:
@@ -793,7 +812,8 @@ class NatsDelivery:
         except Exception as exc:
             async with translated("fetch from the flusher consumer"):
                 raise exc
-        return [NatsDelivered(msg) for msg in msgs]
+        async with translated("read the delivered messages' metadata"):
+            return [NatsDelivered(msg) for msg in msgs]
 
     async def close(self) -> None:
         """Unsubscribe (best effort: the connection may be gone)."""
@@ -807,7 +827,7 @@ def _stored(raw: Any) -> StoredMsg:
     return StoredMsg(seq=int(raw.seq), subject=str(raw.subject), data=bytes(raw.data or b""))
 
 
-def credentials_option(config: EngineConfig) -> Any:
+def _credentials_option(config: EngineConfig) -> Any:
     """The configured credentials in the form nats-py accepts: a file's path, or the
     file's contents (`ConfigError` when a file named does not exist)."""
     path = config.credentials_file()

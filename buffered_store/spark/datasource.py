@@ -224,7 +224,7 @@ def split_range(first: int, last: int, partitions: int, min_size: int) -> list[t
 
 async def open_wal(config: EngineConfig) -> NatsWal:
     """A read-only WAL handle: connects without creating or checking any server object."""
-    return await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect=False)
+    return await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect="never")
 
 
 def tail_bounds(config: EngineConfig) -> tuple[int, int]:
@@ -289,7 +289,7 @@ async def read_entries(
     wal: NatsWal, config: EngineConfig, first: int, last: int
 ) -> list[tuple[WalEntry, tuple[str, ...]]]:
     """Decodable thread entries with stream seq in ``[first, last]`` and their messages'
-    roles, in stream order; skips what `flushing.read_tail` skips (the flusher
+    roles, in stream order; skips what `ThreadLog.read_tail` skips (the flusher
     quarantines it). The range comes in batches (`Wal.read_range`)."""
     out: list[tuple[WalEntry, tuple[str, ...]]] = []
     for msg in await wal.read_range(first, last):

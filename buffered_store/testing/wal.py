@@ -23,7 +23,12 @@ from collections.abc import Sequence
 
 from buffered_store.config import EngineConfig
 from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
-from buffered_store.errors import ConflictError, StoreError, WalUnavailableError
+from buffered_store.errors import (
+    ConflictError,
+    PayloadTooLargeError,
+    StoreError,
+    WalUnavailableError,
+)
 from buffered_store.testing.jetstream import (
     MemoryConsumer,
     MemoryJetStream,
@@ -89,7 +94,7 @@ class MemoryWal:
 
     def _check_size(self, what: str, payload: bytes) -> None:
         if len(payload) > self.max_payload:
-            raise StoreError(
+            raise PayloadTooLargeError(
                 f"{what}: {len(payload)} bytes exceed the server's max_payload ({self.max_payload})"
             )
 

@@ -21,7 +21,6 @@ from buffered_store.config import BufferedStoreConfig, ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id, utcnow
-from buffered_store.engine.keys import decode_run_claim, encode_run_claim, run_key
 from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import ThreadLog, flush_thread
@@ -46,6 +45,7 @@ from buffered_store.threadrun.checkpointing import (
     run_owned_elsewhere,
     validate_checkpoint,
 )
+from buffered_store.threadrun.claims import decode_run_claim, encode_run_claim, run_key
 from buffered_store.threadrun.entry import (
     FORMAT,
     EntryKind,
@@ -269,7 +269,7 @@ class BufferedThreadRunStore:
         nonce = self._writer.nonce()
 
         def build(cursor: RunCursor) -> tuple[WalEntry, bytes]:
-            if run.run_id not in cursor.runs:
+            if run.run_id not in cursor.claims:
                 raise _ClaimLost
             if append and cursor.jump:
                 # The thread's stored messages are unknown (the inner store did not answer
@@ -387,7 +387,7 @@ class BufferedThreadRunStore:
         unreachable, until `deadline` (the checkpoint's).
         """
         cursor = await self._writer.cursor(thread_id)
-        if run_id in cursor.runs:
+        if run_id in cursor.claims:
             return
         delay = 0.05
         try:
@@ -403,7 +403,7 @@ class BufferedThreadRunStore:
             raise WalUnavailableError(
                 f"checkpoint of thread {thread_id!r}: could not claim run {run_id!r} in time"
             ) from exc
-        cursor.runs.add(run_id)
+        cursor.claims.add(run_id)
 
     async def _try_claim(self, thread_id: str, run_id: str, seq: int) -> bool:
         """One claiming attempt: True when the thread holds the claim, False to retry.

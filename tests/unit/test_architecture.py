@@ -37,15 +37,21 @@ def modules() -> Iterator[tuple[str, Path]]:
             yield ".".join(parts), path
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module an import statement names, also inside functions and TYPE_CHECKING."""
+def imports_of(module: str, path: Path) -> set[str]:
+    """Every module an import statement names, also inside functions and TYPE_CHECKING,
+    relative imports resolved against `module`."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
 
@@ -53,7 +59,7 @@ def within(module: str, *prefixes: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-GRAPH = {module: imports_of(path) for module, path in modules()}
+GRAPH = {module: imports_of(module, path) for module, path in modules()}
 
 
 def offenders(
@@ -135,6 +141,15 @@ def test_the_checker_sees_what_it_should() -> None:
     assert offenders(("buffered_store.nats",), ("nats",)) != []
     assert "buffered_store.nats" in GRAPH["buffered_store.threadrun.store"]
     assert len(GRAPH) > 60
+    relative = ROOT / "buffered_store" / "engine" / "entries.py"
+    assert "buffered_store.errors" in imports_of("buffered_store.engine.entries", relative)
+
+
+def test_relative_imports_resolve_to_the_module_they_name(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text("from ..nats import wal\nfrom . import sibling\n")
+    found = imports_of("buffered_store.engine.mod", source)
+    assert {"buffered_store.nats.wal", "buffered_store.engine.sibling"} <= found
 
 
 def test_no_module_imports_private_names_of_another() -> None:

@@ -11,7 +11,6 @@ import pytest
 from buffered_store.engine.appender import jump_seq
 from buffered_store.engine.entries import chain_after
 from buffered_store.engine.flushing import FlushStatus
-from buffered_store.engine.keys import decode_run_claim, encode_run_claim
 from buffered_store.engine.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
 from buffered_store.errors import CorruptEntryError
 from buffered_store.testing import make_messages, make_run
@@ -20,6 +19,7 @@ from buffered_store.threadrun.checkpointing import (
     build_delete_entry,
     validate_checkpoint,
 )
+from buffered_store.threadrun.claims import decode_run_claim, encode_run_claim
 from buffered_store.threadrun.entry import (
     HOT_RUN_MAX_BYTES,
     RUNS_WINDOW,

@@ -12,13 +12,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import orjson
+import pytest
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.appender import Cursor, Writer
 from buffered_store.engine.entries import Header, chain_after, header_json, parse_entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.threadlog import ThreadLog, flush_thread
-from buffered_store.errors import CorruptEntryError
+from buffered_store.errors import CorruptEntryError, PayloadTooLargeError
 from buffered_store.testing import MemoryJetStream, MemoryWal
 from flusher import Flusher
 
@@ -167,4 +168,17 @@ async def test_flush_thread_applies_a_foreign_front_ends_entries_inline() -> Non
     # A second writer instance continues the thread's seqs from the WAL, not from 1.
     other: Writer[Note, NoteHot, int] = Writer(MemoryWal(config, wal.server), config, FMT)
     assert (await write_note(other, "t", "n4")).seq == 5
+    await wal.close()
+
+
+async def test_an_entry_larger_than_the_wal_accepts_is_refused_as_not_written() -> None:
+    """Refused before it is sent: `PayloadTooLargeError`, never "commit unknown"."""
+    config = BufferedStoreConfig(stream_name="NOTES", hot_bucket="notes-hot", consumer_name="n")
+    wal = MemoryWal(config, MemoryJetStream(max_payload=64 * 1024))
+    writer: Writer[Note, NoteHot, int] = Writer(wal, config, FMT)
+    with pytest.raises(PayloadTooLargeError):
+        await write_note(writer, "t", "x" * 70_000)
+    assert writer.commit_unknown == 0
+    assert await wal.last_seq() == 0
+    assert (await write_note(writer, "t", "small")).seq == 1
     await wal.close()

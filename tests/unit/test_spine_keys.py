@@ -13,13 +13,13 @@ from buffered_store.engine.keys import (
     flushed_key,
     hot_key,
     msg_id,
-    run_key,
     stream_subjects,
     thread_from_subject,
     thread_token,
     wal_subject,
 )
 from buffered_store.errors import ValidationError
+from buffered_store.threadrun.claims import run_key
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
