@@ -52,6 +52,7 @@ async def main() -> int:
             from buffered_store.testing import MemoryJetStream, MemoryWal
 
             server = MemoryJetStream()
+            totals: dict[str, int] = {"sink_tx": 0}
 
             async def open_wal(name: str):  # type: ignore[no-untyped-def]
                 if args.wal == "memory":
@@ -84,6 +85,11 @@ async def main() -> int:
                 try:
                     yield saver
                 finally:
+                    totals["sink_tx"] += sink.transactions
+                    for k, v in saver.stats.items():
+                        totals[k] = totals.get(k, 0) + v
+                    if flusher is not None:
+                        totals["flusher_entries_applied"] = totals.get("flusher_entries_applied", 0) + flusher.stats()["entries_applied"]
                     if flusher is not None:
                         await flusher.stop()
                         await flusher.wal.close() if flusher._wal else None
@@ -99,6 +105,8 @@ async def main() -> int:
         }
         print(json.dumps({"base": report.passed_all_base(), "level": report.conformance_level(),
                           "results": summary}))
+        if not args.reference:
+            print("STATS", totals)
         for name, r in report.results.items():
             for f in r.failures:
                 print(f"FAIL {name}: {f[:300]}")

@@ -149,6 +149,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._locks = ThreadLocks()
         self.loop = asyncio.get_running_loop()
         self.supports_pipeline = False
+        self.stats = {"entries": 0, "inline_flushes": 0, "overlay_reads": 0, "db_only_reads": 0}
 
     async def aclose(self) -> None:
         await self.wal.close()
@@ -214,6 +215,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
 
         async with asyncio.timeout(self.bconfig.checkpoint_timeout_s):
             entry: LgEntry = await self._locks.run(thread_id, write)
+        self.stats["entries"] += 1
         if self.flush_each_write:
             await self.force_flush(thread_id)
         return entry
@@ -294,9 +296,24 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
-        for tid in thread_ids:
+        ids = [check_text(str(tid), "thread_id") for tid in thread_ids]
+        if strategy == "keep_latest" and ids:
+            # As AsyncPostgresSaver: refuse threads using a DeltaChannel, here, before
+            # anything is written (in the flusher it would be a poison entry).
+            from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
+
+            for tid in ids:
+                await self.force_flush(tid)
+            async with self.sink.pool.connection() as conn:
+                cur = await conn.execute(PRUNE_DELTA_THREADS_SQL, (ids, ids))
+                if delta := sorted(r["thread_id"] for r in await cur.fetchall()):
+                    raise NotImplementedError(
+                        "keep_latest can't prune threads that use a DeltaChannel: "
+                        + ", ".join(delta)
+                    )
+        for tid in ids:
             kind = "del" if strategy == "delete" else "prune"
-            await self._append(check_text(str(tid), "thread_id"), kind, {}, check_owner=False)
+            await self._append(tid, kind, {}, check_owner=False)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [check_text(str(r), "run_id") for r in run_ids]
@@ -366,6 +383,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     # -- flushing -----------------------------------------------------------------------
 
     async def force_flush(self, thread_id: str, *, timeout: float = 10.0) -> int:  # noqa: ASYNC109
+        self.stats["inline_flushes"] += 1
         async with asyncio.timeout(timeout):
             return await flush_thread(self._log, self.sink, thread_id)
 
@@ -435,19 +453,19 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 self._log.hot(thread_id), self.sink.read(thread_id, where, params, limit=limit)
             )
             if hot is None or hot.record.seq <= flushed:
+                self.stats["db_only_reads"] += 1
                 return [self._to_tuple(r) for r in rows]
             record = hot.record
             if record.logical_seq > flushed:
                 await self.force_flush(thread_id)  # a logical op is pending: flush it first
                 continue
             entries = await self._log.entries_between(thread_id, flushed, record.seq, record)
+            self.stats["overlay_reads"] += 1
             break
         else:
             raise StoreError(f"thread {thread_id!r} kept moving while being read")
-        deleted = False
-        for i, e in enumerate(entries):
-            if e.kind == "del":
-                deleted, entries = True, entries[i + 1 :]
+        cut = max((i for i, e in enumerate(entries) if e.kind == "del"), default=-1)
+        deleted, entries = cut >= 0, entries[cut + 1 :]
         # The tail, row by row, as the flush would write it.
         cps: dict[tuple[str, str], dict[str, Any]] = {}
         blobs: dict[tuple[str, str, str], tuple[str, bytes | None]] = {}
