@@ -24,13 +24,12 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.appender import AppendAttempt, Seeded, ThreadLocks, Writer
+from buffered_store.engine.appender import Seeded, ThreadLocks, Writer
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import flush_thread
 from buffered_store.errors import (
-    CommitUnknownError,
     PayloadTooLargeError,
     StoreError,
     ValidationError,
@@ -196,25 +195,11 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             return entry, payload
 
         async def write() -> LgEntry:
-            attempt = AppendAttempt()
-            entry, stream_seq, base = await self._writer.append(thread_id, build, attempt)
-            try:
-                cursor = self._writer.record_written(thread_id, entry, stream_seq, base, True)
-                assert cursor.hot is not None
-                cursor.revision = await self._writer.advance_hot(
-                    thread_id, cursor.hot, base.revision
-                )
-            except (StoreError, TimeoutError) as exc:
-                self._writer.cursors.drop(thread_id)
-                raise CommitUnknownError(
-                    f"entry {entry.seq} of {thread_id!r} is in the WAL, hot record not updated",
-                    thread_id=thread_id,
-                    thread_seq=entry.seq,
-                ) from exc
+            deadline = asyncio.get_running_loop().time() + self.bconfig.checkpoint_timeout_s
+            entry, _ = await self._writer.write(thread_id, build, True, deadline=deadline)
             return entry
 
-        async with asyncio.timeout(self.bconfig.checkpoint_timeout_s):
-            entry: LgEntry = await self._locks.run(thread_id, write)
+        entry: LgEntry = await self._locks.run(thread_id, write)
         self.stats["entries"] += 1
         if self.flush_each_write:
             await self.force_flush(thread_id)
