@@ -11,13 +11,16 @@ three tables hold what AsyncPostgresSaver would have written for the same calls.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeAlias
 
 import psycopg
+import psycopg_pool
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.postgres.base import (
     INSERT_CHECKPOINT_WRITES_SQL,
+    PRUNE_DELTA_THREADS_SQL,
     PRUNE_SNAPSHOT_SQL,
     SELECT_SQL,
     UPSERT_CHECKPOINT_BLOBS_SQL,
@@ -25,14 +28,16 @@ from langgraph.checkpoint.postgres.base import (
     UPSERT_CHECKPOINTS_SQL,
     _keep_latest,
 )
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from buffered_store.engine.entries import chain_after
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import DatabaseUnavailableError
-from buffered_store.langgraph.entry import LgEntry, unb64
+from buffered_store.langgraph.entry import LgEntry, b64, unb64
+
+Connection: TypeAlias = psycopg.AsyncConnection[DictRow]
 
 WATERMARKS = "bufstore_lg_threads"
 
@@ -77,33 +82,63 @@ WHERE b.thread_id = %s AND b.checkpoint_ns = %s AND NOT EXISTS (
 
 COPY_CHECKPOINT_WRITES_SQL = UPSERT_CHECKPOINT_WRITES_SQL
 
+COPY_CHECKPOINTS_SQL = """
+SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata
+FROM checkpoints WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id"""
+
+COPY_BLOBS_SQL = """
+SELECT checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs
+WHERE thread_id = %s ORDER BY checkpoint_ns, channel, version"""
+
+COPY_WRITES_SQL = """
+SELECT checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+FROM checkpoint_writes WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id, task_id, idx"""
+
 
 class LangGraphSink:
-    """Watermark-checked writes of LangGraph entries into LangGraph's Postgres tables."""
+    """Watermark-checked writes of LangGraph entries into LangGraph's Postgres tables
+    (the engine's `FlushSink`), and the reads the saver overlays its tail on. Every
+    psycopg error that means "Postgres is not there" becomes `DatabaseUnavailableError`.
+    """
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
         self.pool = pool
         self.transactions = 0
 
     @classmethod
     async def open(cls, conninfo: str, *, min_size: int = 1, max_size: int = 8) -> LangGraphSink:
+        """A sink on a new pool (closed by `close`)."""
         pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
             max_size=max_size,
             open=False,
+            connection_class=Connection,
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
         )
-        await pool.open()
+        try:
+            await pool.open(wait=min_size > 0, timeout=10.0)
+        except psycopg_pool.PoolTimeout as exc:
+            await pool.close()
+            raise DatabaseUnavailableError(f"cannot connect to Postgres: {exc}") from exc
         return cls(pool)
 
     async def close(self) -> None:
         await self.pool.close()
 
+    @asynccontextmanager
+    async def connection(self, what: str) -> AsyncIterator[Connection]:
+        """A pooled connection; connection failures raise `DatabaseUnavailableError`."""
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise DatabaseUnavailableError(f"{what}: {exc}") from exc
+
     async def setup(self) -> None:
         """LangGraph's own migrations (AsyncPostgresSaver.setup), then our watermarks."""
-        async with self.pool.connection() as conn:
-            await AsyncPostgresSaver(conn).setup()  # type: ignore[arg-type]
+        async with self.connection("setup") as conn:
+            await AsyncPostgresSaver(conn).setup()
             await conn.execute(CREATE_WATERMARKS)
 
     # -- FlushSink ------------------------------------------------------------------------
@@ -112,36 +147,33 @@ class LangGraphSink:
         out = dict.fromkeys(thread_ids, 0)
         if not thread_ids:
             return out
-        try:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(
-                    f"SELECT thread_id, flushed_seq FROM {WATERMARKS} WHERE thread_id = ANY(%s)",
-                    (list(thread_ids),),
-                )
-                for row in await cur.fetchall():
-                    out[row["thread_id"]] = row["flushed_seq"]
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc
+        async with self.connection("read watermarks") as conn:
+            cur = await conn.execute(
+                f"SELECT thread_id, flushed_seq FROM {WATERMARKS} WHERE thread_id = ANY(%s)",
+                (list(thread_ids),),
+            )
+            for row in await cur.fetchall():
+                out[row["thread_id"]] = row["flushed_seq"]
         return out
 
     async def apply(self, batches: Sequence[Sequence[LgEntry]]) -> list[ApplyOutcome]:
+        """One transaction for the batch: watermark rows created, then locked, in code
+        point order (concurrent flushers cannot deadlock), each thread's chain applied in
+        a savepoint after the entries at or below its watermark are dropped."""
         outcomes: list[ApplyOutcome] = []
-        try:
-            async with self.pool.connection() as conn, conn.transaction():
-                self.transactions += 1
-                ids = sorted({b[0].thread_id for b in batches if b})
-                async with conn.cursor() as cur:
-                    await cur.execute(CREATE_ROWS, (ids,))
-                    await cur.execute(LOCK_ROWS, (ids,))
-                    marks = {r["thread_id"]: r["flushed_seq"] for r in await cur.fetchall()}
-                for batch in batches:
-                    outcomes.append(await self._apply_thread(conn, batch, marks))
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc
+        async with self.connection("flush") as conn, conn.transaction():
+            self.transactions += 1
+            ids = sorted({b[0].thread_id for b in batches if b})
+            async with conn.cursor() as cur:
+                await cur.execute(CREATE_ROWS, (ids,))
+                await cur.execute(LOCK_ROWS, (ids,))
+                marks = {r["thread_id"]: r["flushed_seq"] for r in await cur.fetchall()}
+            for batch in batches:
+                outcomes.append(await self._apply_thread(conn, batch, marks))
         return outcomes
 
     async def _apply_thread(
-        self, conn: psycopg.AsyncConnection[Any], batch: Sequence[LgEntry], marks: dict[str, int]
+        self, conn: Connection, batch: Sequence[LgEntry], marks: dict[str, int]
     ) -> ApplyOutcome:
         if not batch:
             return ApplyOutcome("", ApplyStatus.FAILED, 0, error="empty batch", retriable=False)
@@ -153,11 +185,11 @@ class LangGraphSink:
         if not chain:
             return ApplyOutcome(thread_id, ApplyStatus.GAP, mark, missing_from=mark + 1)
         try:
-            async with conn.transaction():  # a savepoint: one bad thread fails alone
-                async with conn.cursor() as cur:
-                    for entry in chain:
-                        await apply_entry(cur, entry)
-                    await cur.execute(SET_WATERMARK, (chain[-1].seq, thread_id))
+            # A savepoint: one bad thread fails alone.
+            async with conn.transaction(), conn.cursor() as cur:
+                for entry in chain:
+                    await apply_entry(cur, entry)
+                await cur.execute(SET_WATERMARK, (chain[-1].seq, thread_id))
         except (psycopg.DataError, psycopg.IntegrityError, NotImplementedError, ValueError) as exc:
             return ApplyOutcome(
                 thread_id,
@@ -184,12 +216,9 @@ class LangGraphSink:
             + ") c ON true"
         )
         args = [thread_id, *params] + ([limit] if limit is not None else [])
-        try:
-            async with self.pool.connection() as conn, conn.cursor(binary=True) as cur:
-                await cur.execute(query, args)
-                rows = await cur.fetchall()
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc
+        async with self.connection("read") as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(query, args)
+            rows = await cur.fetchall()
         flushed = rows[0]["_flushed_seq"] if rows else 0
         return flushed, [r for r in rows if r["checkpoint_id"] is not None]
 
@@ -199,7 +228,7 @@ class LangGraphSink:
         """(ns, channel, version) -> (type, blob) of stored blobs."""
         if not wanted:
             return {}
-        async with self.pool.connection() as conn, conn.cursor(binary=True) as cur:
+        async with self.connection("read blobs") as conn, conn.cursor(binary=True) as cur:
             await cur.execute(
                 "SELECT checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs "
                 "WHERE thread_id = %s AND (checkpoint_ns, channel, version) IN "
@@ -213,12 +242,12 @@ class LangGraphSink:
 
     async def writes(
         self, thread_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], list[tuple[str, int, str, str, bytes, str]]]:
+    ) -> dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]]:
         """(ns, checkpoint id) -> [(task_id, idx, channel, type, blob, task_path)]."""
         if not keys:
             return {}
-        out: dict[tuple[str, str], list[tuple[str, int, str, str, bytes, str]]] = {}
-        async with self.pool.connection() as conn, conn.cursor(binary=True) as cur:
+        out: dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]] = {}
+        async with self.connection("read writes") as conn, conn.cursor(binary=True) as cur:
             await cur.execute(
                 "SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, "
                 "task_path FROM checkpoint_writes WHERE thread_id = %s AND "
@@ -232,8 +261,70 @@ class LangGraphSink:
                 )
         return out
 
+    async def search(self, where: str, params: list[Any], *, limit: int | None) -> list[DictRow]:
+        """Rows of ``SELECT_SQL + where`` across threads, newest first (no overlay)."""
+        query = SELECT_SQL + where + " ORDER BY checkpoint_id DESC"
+        args = [*params]
+        if limit is not None:
+            query += " LIMIT %s"
+            args.append(int(limit))
+        async with self.connection("list") as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(query, args)
+            return await cur.fetchall()
 
-async def apply_entry(cur: psycopg.AsyncCursor[Any], entry: LgEntry) -> None:
+    async def threads_with_runs(self, run_ids: Sequence[str]) -> set[str]:
+        """Threads holding a flushed checkpoint of one of the runs."""
+        async with self.connection("find runs") as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%s)",
+                (list(run_ids),),
+            )
+            return {r["thread_id"] for r in await cur.fetchall()}
+
+    async def delta_threads(self, thread_ids: Sequence[str]) -> list[str]:
+        """Those of the threads that use a DeltaChannel (keep_latest cannot prune them)."""
+        ids = list(thread_ids)
+        async with self.connection("check prune") as conn:
+            cur = await conn.execute(PRUNE_DELTA_THREADS_SQL, (ids, ids))
+            return sorted(r["thread_id"] for r in await cur.fetchall())
+
+    async def copy_body(self, thread_id: str) -> dict[str, list[list[Any]]]:
+        """Every stored row of the thread, as the body of a ``copy`` entry."""
+        async with self.connection("read thread") as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(COPY_CHECKPOINTS_SQL, (thread_id,))
+            cps = [
+                [
+                    r["checkpoint_ns"],
+                    r["checkpoint_id"],
+                    r["parent_checkpoint_id"],
+                    r["checkpoint"],
+                    r["metadata"],
+                ]
+                for r in await cur.fetchall()
+            ]
+            await cur.execute(COPY_BLOBS_SQL, (thread_id,))
+            bl = [
+                [r["checkpoint_ns"], r["channel"], r["version"], r["type"], b64(r["blob"])]
+                for r in await cur.fetchall()
+            ]
+            await cur.execute(COPY_WRITES_SQL, (thread_id,))
+            ws = [
+                [
+                    r["checkpoint_ns"],
+                    r["checkpoint_id"],
+                    r["task_id"],
+                    r["task_path"],
+                    r["idx"],
+                    r["channel"],
+                    r["type"],
+                    b64(r["blob"]),
+                ]
+                for r in await cur.fetchall()
+            ]
+        return {"cps": cps, "bl": bl, "ws": ws}
+
+
+async def apply_entry(cur: psycopg.AsyncCursor[DictRow], entry: LgEntry) -> None:
     """The SQL of one entry (inside the thread's transaction, after the ones before it)."""
     tid, body = entry.thread_id, entry.body
     if entry.kind == "put":
