@@ -4,13 +4,13 @@ start), a fresh stream, buckets and consumer per test, LangGraph's tables set up
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from buffered_store.langgraph import BufferedCheckpointSaver, LangGraphConfig, LangGraphSink
 from buffered_store.stores.urls import to_libpq_url
+from tests.langgraph.helpers import fresh_config
 
 
 @pytest.fixture(scope="session")
@@ -28,22 +28,6 @@ async def lg_tables(pg_dsn: str) -> str:
     finally:
         await sink.close()
     return pg_dsn
-
-
-def fresh_config(nats_url: str, dsn: str, **overrides: object) -> LangGraphConfig:
-    """A config whose WAL objects no other test uses."""
-    run = uuid.uuid4().hex[:10]
-    values: dict[str, object] = {
-        "nats_url": nats_url,
-        "database_url": dsn,
-        "stream_name": f"LG{run}",
-        "hot_bucket": f"lg-hot-{run}",
-        "quarantine_bucket": f"lg-q-{run}",
-        "consumer_name": f"lg-fl-{run}",
-        "flush_interval_s": 0.05,
-    }
-    values.update(overrides)
-    return LangGraphConfig(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture
