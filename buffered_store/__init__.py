@@ -23,6 +23,7 @@ from buffered_store.errors import (
     RunOwnershipError,
     StoreClosedError,
     StoreError,
+    ThreadOwnershipError,
     ValidationError,
     WalUnavailableError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "Thread",
+    "ThreadOwnershipError",
     "ThreadRunStore",
     "ValidationError",
     "WalUnavailableError",

@@ -40,6 +40,19 @@ class RunOwnershipError(ValidationError):
         self.owner_thread_id = owner_thread_id
 
 
+class ThreadOwnershipError(StoreError):
+    """Another writer claimed the thread; this one may no longer write to it.
+
+    Raised by the LangGraph checkpointer (`BufferedCheckpointSaver.claim`) before
+    anything is written. `owner` names the writer holding the claim.
+    """
+
+    def __init__(self, message: str | None = None, *, thread_id: str = "", owner: str = ""):
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.owner = owner
+
+
 class StoreClosedError(StoreError):
     """The store is closed."""
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from buffered_store.cli.common import nats_url_option, require, run, store_options
+from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
 from buffered_store.nats import NatsWal
@@ -83,6 +85,16 @@ def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     show_envvar=True,
     help="Serve Prometheus metrics on this port at /metrics (needs the metrics extra).",
 )
+@click.option(
+    "--front-end",
+    type=click.Choice(["threadrun", "langgraph"]),
+    default="threadrun",
+    show_default=True,
+    help="Whose WAL to drain. langgraph: the LangGraph checkpointer's (its stream, buckets "
+    "and consumer from BUFSTORE_LG_* variables; LangGraph's tables at --database-url or "
+    "BUFSTORE_LG_DATABASE_URL, found through the URL's search_path; needs the langgraph "
+    "extra).",
+)
 def flusher_command(
     nats_url: str | None,
     database_url: str | None,
@@ -94,45 +106,79 @@ def flusher_command(
     log_level: str,
     log_format: str | None,
     metrics_port: int | None,
+    front_end: str,
 ) -> None:
     """Drain the WAL into Postgres until SIGINT/SIGTERM, then stop with a drain."""
     setup_logging(log_level, log_format)
-    url = require(database_url, "--database-url")
     config = flusher_config(
         nats_url,
         consumer_name=consumer_name,
         flush_interval_s=flush_interval_s,
         flush_batch_size=flush_batch_size,
     )
-    run(lambda: _serve(config, url, schema, stats_interval, metrics_port))
+    if front_end == "langgraph":
+        from buffered_store.langgraph import LG_FORMAT, LangGraphConfig, LangGraphSink
+
+        source = click.get_current_context().get_parameter_source("database_url")
+        explicit = source is click.core.ParameterSource.COMMANDLINE
+        if not explicit and "BUFSTORE_LG_DATABASE_URL" in os.environ:
+            database_url = None  # $DATABASE_URL may be the thread-run store's
+        given: dict[str, Any] = {"nats_url": nats_url, "database_url": database_url}
+        lg = LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
+        config = config.replace(
+            nats_url=lg.nats_url,
+            credentials=lg.credentials,
+            stream_name=lg.stream_name,
+            hot_bucket=lg.hot_bucket,
+            quarantine_bucket=lg.quarantine_bucket,
+            consumer_name=consumer_name or lg.consumer_name,
+        )
+        run(
+            lambda: _serve(
+                config,
+                lambda: LangGraphSink.open(lg.conninfo),
+                stats_interval,
+                metrics_port,
+                LG_FORMAT,
+            )
+        )
+        return
+    url = require(database_url, "--database-url")
+
+    def open_store() -> Awaitable[Any]:
+        from buffered_store.stores.postgres import PostgresThreadRunStore
+
+        return PostgresThreadRunStore.connect(url, schema=schema)
+
+    run(lambda: _serve(config, open_store, stats_interval, metrics_port))
 
 
 async def _serve(
     config: FlusherConfig,
-    url: str,
-    schema: str,
+    open_inner: Callable[[], Awaitable[Any]],
     stats_interval: float,
     metrics_port: int | None = None,
+    fmt: Format[Any, Any] | None = None,
 ) -> None:
-    from buffered_store.stores.postgres import PostgresThreadRunStore
+    """Run a flusher into what `open_inner` opens (a `PostgresThreadRunStore`, or a
+    front-end's `FlushSink` with its format `fmt`) until SIGINT/SIGTERM."""
     from flusher.service import Flusher
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    inner = await start_patiently(
-        lambda: PostgresThreadRunStore.connect(url, schema=schema), stop, "connect to Postgres"
-    )
+    inner = await start_patiently(open_inner, stop, "connect to Postgres")
     if inner is None:
         return
     metrics = None
     try:
-        flusher = Flusher(inner, config)
+        flusher = Flusher(inner, config, fmt=fmt)
         if metrics_port is not None:
             from buffered_store.metrics import StatsCollector, serve_metrics
 
-            metrics = serve_metrics(metrics_port, StatsCollector([flusher, inner]))
+            sources = [flusher, inner] if callable(getattr(inner, "stats", None)) else [flusher]
+            metrics = serve_metrics(metrics_port, StatsCollector(sources))
             click.echo(f"metrics on http://0.0.0.0:{metrics.port}/metrics", err=True)
 
         async def start() -> Flusher:

@@ -9,7 +9,10 @@ alone, and each folder should depend only on what its name promises:
 - SQLAlchemy and Alembic stay in `buffered_store.stores`; PySpark in `buffered_store.spark`.
 - `buffered_store.dev` (local servers, the demo) is never imported at run time.
 - `buffered_store` never imports `flusher`; in `flusher`, only the service and its CLI,
-  which assemble the thread-run deployment, import the thread-run front-end.
+  which assemble a deployment, import a front-end.
+- LangGraph (and langchain-core) is imported by `buffered_store.langgraph` alone, the
+  LangGraph front-end; the two front-ends (`threadrun`, `langgraph`) never import each
+  other, and the engine imports neither.
 - No module imports another module's private (``_``-prefixed) names.
 
 The benchmark harness (`benchmarks/`, installed as `buffered_store.benchmarks`) and the
@@ -79,6 +82,7 @@ RULES = {
         ("buffered_store.engine",),
         (
             "buffered_store.threadrun",
+            "buffered_store.langgraph",
             "buffered_store.stores",
             "buffered_store.nats",
             "buffered_store.spark",
@@ -91,6 +95,8 @@ RULES = {
             "alembic",
             "psycopg",
             "pyspark",
+            "langgraph",
+            "langchain_core",
         ),
         (),
     ),
@@ -105,25 +111,46 @@ RULES = {
         ("buffered_store.stores",),
     ),
     "PySpark stays in buffered_store.spark": (LIBRARY, ("pyspark",), ("buffered_store.spark",)),
+    "LangGraph stays in buffered_store.langgraph": (
+        LIBRARY,
+        ("langgraph", "langchain_core"),
+        ("buffered_store.langgraph",),
+    ),
+    "the thread-run front-end never imports the LangGraph one": (
+        ("buffered_store.threadrun",),
+        ("buffered_store.langgraph",),
+        (),
+    ),
+    "the LangGraph front-end never imports the thread-run one": (
+        ("buffered_store.langgraph",),
+        ("buffered_store.threadrun",),
+        (),
+    ),
     "nothing imports the dev tools at run time": (
         LIBRARY,
         ("buffered_store.dev",),
         ("buffered_store.dev",),
     ),
     "buffered_store never imports flusher": (("buffered_store",), ("flusher",), ()),
-    "the front-end and the stores reach NATS only through the engine's ports": (
-        ("buffered_store.threadrun", "buffered_store.stores"),
+    "the front-ends and the stores reach NATS only through the engine's ports": (
+        ("buffered_store.threadrun", "buffered_store.langgraph", "buffered_store.stores"),
         ("buffered_store.nats.wal", "nats"),
-        ("buffered_store.threadrun.store",),
+        ("buffered_store.threadrun.store", "buffered_store.langgraph.saver"),
     ),
     "the NATS adapter knows no front-end or store": (
         ("buffered_store.nats",),
-        ("buffered_store.threadrun", "buffered_store.stores", "buffered_store.spark", "flusher"),
+        (
+            "buffered_store.threadrun",
+            "buffered_store.langgraph",
+            "buffered_store.stores",
+            "buffered_store.spark",
+            "flusher",
+        ),
         (),
     ),
     "the flusher's machinery is front-end agnostic": (
         ("flusher",),
-        ("buffered_store.threadrun", "buffered_store.stores"),
+        ("buffered_store.threadrun", "buffered_store.langgraph", "buffered_store.stores"),
         ("flusher.service", "flusher.cli"),
     ),
 }
@@ -140,6 +167,7 @@ def test_the_checker_sees_what_it_should() -> None:
     adapter importing nats-py and the store assembling the NATS adapter."""
     assert offenders(("buffered_store.nats",), ("nats",)) != []
     assert "buffered_store.nats" in GRAPH["buffered_store.threadrun.store"]
+    assert offenders(("buffered_store.langgraph",), ("langgraph",)) != []
     assert len(GRAPH) > 60
     relative = ROOT / "buffered_store" / "engine" / "entries.py"
     assert "buffered_store.errors" in imports_of("buffered_store.engine.entries", relative)

@@ -1,0 +1,86 @@
+"""Configuration of the LangGraph checkpointer: the engine's settings with its own stream,
+buckets and consumer, plus where LangGraph's Postgres tables live."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from buffered_store.config import ENV_PREFIX, BufferedStoreConfig
+from buffered_store.errors import ConfigError
+
+LG_ENV_PREFIX = "BUFSTORE_LG_"
+SHARED_ENV = ("NATS_URL", "CREDENTIALS")
+"""Read from ``BUFSTORE_*`` too, when no ``BUFSTORE_LG_*`` variable sets them: one NATS
+deployment usually carries both front-ends."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LangGraphConfig(BufferedStoreConfig):
+    """Configuration of `BufferedCheckpointSaver`.
+
+    The stream, buckets and consumer default to names of their own (``LGWAL``,
+    ``lg-hot``, ``lg-quarantine``, ``lg-flusher``), so a thread-run store and a
+    LangGraph checkpointer can share one NATS server without ever reading each other's
+    entries. ``read_consistency`` applies as in the thread-run store (`STRONG` flushes
+    the thread before each read, `EVENTUAL` reads Postgres alone).
+    """
+
+    stream_name: str = "LGWAL"
+    hot_bucket: str = "lg-hot"
+    quarantine_bucket: str = "lg-quarantine"
+    consumer_name: str = "lg-flusher"
+    database_url: str = "postgresql://127.0.0.1:5432/postgres"
+    """Where LangGraph's tables live: a libpq URL (``postgresql://``; a SQLAlchemy
+    ``postgresql+psycopg://`` URL is accepted too) or a ``key=value`` conninfo string."""
+    pool_min_size: int = 1
+    pool_max_size: int = 8
+    """Postgres connections of the saver's pool (reads, `force_flush`)."""
+    owner: str | None = None
+    """This saver's name for `claim`: a thread claimed by one owner refuses writes from
+    savers with another owner (or none). None: this saver cannot claim."""
+    flush_each_write: bool = False
+    """Every write returns once it is in Postgres (a `force_flush` after each): no
+    buffering left, for tests and for migrating off the saver gradually."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.database_url:
+            raise ConfigError("database_url must not be empty")
+        if not isinstance(self.pool_min_size, int) or self.pool_min_size < 0:
+            raise ConfigError(f"pool_min_size must be >= 0, got {self.pool_min_size!r}")
+        if not isinstance(self.pool_max_size, int) or self.pool_max_size < max(
+            1, self.pool_min_size
+        ):
+            raise ConfigError(
+                f"pool_max_size must be >= 1 and >= pool_min_size, got {self.pool_max_size!r}"
+            )
+        if self.owner is not None and (not self.owner or "\x00" in self.owner):
+            raise ConfigError("owner must be a non-empty string without NUL, or None")
+
+    @property
+    def conninfo(self) -> str:
+        """`database_url` as psycopg takes it."""
+        url = self.database_url
+        scheme, sep, rest = url.partition("://")
+        if sep and scheme.lower().startswith(("postgresql+", "postgres+")):
+            return "postgresql://" + rest
+        return url
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Build from ``BUFSTORE_LG_*`` variables (``BUFSTORE_LG_DATABASE_URL``,
+        ``BUFSTORE_LG_STREAM_NAME``, ...); ``nats_url`` and ``credentials`` fall back to
+        ``BUFSTORE_NATS_URL`` and ``BUFSTORE_CREDENTIALS``. Keyword overrides win."""
+        env = os.environ if environ is None else environ
+        mapped = {ENV_PREFIX + n: env[ENV_PREFIX + n] for n in SHARED_ENV if ENV_PREFIX + n in env}
+        mapped.update(
+            {
+                ENV_PREFIX + k[len(LG_ENV_PREFIX) :]: v
+                for k, v in env.items()
+                if k.startswith(LG_ENV_PREFIX)
+            }
+        )
+        return super().from_env(mapped, **overrides)

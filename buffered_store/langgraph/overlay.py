@@ -1,0 +1,210 @@
+"""Reads of the LangGraph front-end: the unflushed tail of a thread folded on the rows
+Postgres holds, giving the rows AsyncPostgresSaver's own query would return after a
+flush. Pure: the saver fetches, this module decides.
+
+Rows are dicts shaped as ``langgraph.checkpoint.postgres.base.SELECT_SQL`` returns them
+(``channel_values`` and ``pending_writes`` as lists of byte-string tuples), so the
+saver turns merged rows into `CheckpointTuple` with LangGraph's own loaders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from buffered_store.langgraph.entry import LgEntry, unb64
+
+Row = dict[str, Any]
+BlobKey = tuple[str, str, str]
+"""(checkpoint_ns, channel, version)"""
+WriteKey = tuple[str, str]
+"""(checkpoint_ns, checkpoint_id)"""
+StoredWrite = tuple[str, int, str, str, bytes | None, str]
+"""(task_id, idx, channel, type, blob, task_path) as checkpoint_writes holds it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TailWrite:
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    idx: int
+    channel: str
+    type: str
+    blob: bytes | None
+    task_path: str
+    upsert: bool
+
+
+@dataclass(slots=True)
+class Tail:
+    """A thread's unflushed entries, row by row, as the flush would write them."""
+
+    deleted: bool = False
+    """The tail deletes the thread: stored rows no longer count."""
+    checkpoints: dict[WriteKey, dict[str, Any]] = field(default_factory=dict)
+    """(ns, checkpoint id) -> body of its ``put`` entry."""
+    blobs: dict[BlobKey, tuple[str, bytes | None]] = field(default_factory=dict)
+    writes: list[TailWrite] = field(default_factory=list)
+
+
+def fold(entries: Sequence[LgEntry]) -> Tail:
+    """The tail of `entries` (simple kinds only: put, w, claim, del) after the last delete."""
+    cut = max((i for i, e in enumerate(entries) if e.kind == "del"), default=-1)
+    tail = Tail(deleted=cut >= 0)
+    for entry in entries[cut + 1 :]:
+        body = entry.body
+        if entry.kind == "put":
+            tail.checkpoints[(body["ns"], body["id"])] = body
+            for channel, version, type_, blob in body["b"]:
+                tail.blobs.setdefault((body["ns"], channel, version), (type_, unb64(blob)))
+        elif entry.kind == "w":
+            for idx, channel, type_, blob in body["rows"]:
+                tail.writes.append(
+                    TailWrite(
+                        body["ns"],
+                        body["id"],
+                        body["task"],
+                        idx,
+                        channel,
+                        type_,
+                        unb64(blob),
+                        body["path"],
+                        body["up"],
+                    )
+                )
+    return tail
+
+
+def needs_more_rows(rows: Sequence[Row], tail: Tail, limit: int | None) -> bool:
+    """True when a limited read returned a full page some of whose rows the tail
+    replaces: the page must be read again, longer, to fill the limit."""
+    return (
+        limit is not None
+        and len(rows) == limit
+        and any((r["checkpoint_ns"], r["checkpoint_id"]) in tail.checkpoints for r in rows)
+    )
+
+
+def merge(
+    rows: Sequence[Row],
+    tail: Tail,
+    thread_id: str,
+    *,
+    ns: str | None,
+    checkpoint_id: str | None,
+    before_id: str | None,
+    metadata_filter: Mapping[str, Any] | None,
+    limit: int | None,
+) -> list[Row]:
+    """Stored rows and the tail's checkpoints matching the query, newest first.
+    Rows from the tail are marked ``_pending`` (their blobs and writes are completed
+    by `complete`)."""
+    merged: dict[WriteKey, Row] = {}
+    if not tail.deleted:
+        for row in rows:
+            key = (row["checkpoint_ns"], row["checkpoint_id"])
+            if key not in tail.checkpoints:
+                merged[key] = row
+    for key, body in tail.checkpoints.items():
+        if ns is not None and key[0] != ns:
+            continue
+        if checkpoint_id is not None and key[1] != checkpoint_id:
+            continue
+        if before_id is not None and not key[1] < before_id:
+            continue
+        if metadata_filter and not contains(body["md"], metadata_filter):
+            continue
+        merged[key] = {
+            "thread_id": thread_id,
+            "checkpoint_ns": key[0],
+            "checkpoint_id": key[1],
+            "parent_checkpoint_id": body["pid"],
+            "checkpoint": body["cp"],
+            "metadata": body["md"],
+            "channel_values": None,
+            "pending_writes": None,
+            "_pending": True,
+        }
+    chosen = sorted(merged.values(), key=lambda r: str(r["checkpoint_id"]), reverse=True)
+    return chosen if limit is None else chosen[:limit]
+
+
+def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[WriteKey]]:
+    """What the pending rows need from Postgres: blobs the tail does not carry (a
+    checkpoint refers to every channel's current version, most written earlier) and the
+    stored writes of their checkpoints."""
+    blobs: set[BlobKey] = set()
+    writes: list[WriteKey] = []
+    for row in chosen:
+        if row.get("_pending"):
+            ns = row["checkpoint_ns"]
+            for channel, version in row["checkpoint"].get("channel_versions", {}).items():
+                key = (ns, channel, str(version))
+                if key not in tail.blobs:
+                    blobs.add(key)
+            writes.append((ns, row["checkpoint_id"]))
+    return sorted(blobs), writes
+
+
+def complete(
+    row: Row,
+    tail: Tail,
+    stored_blobs: Mapping[BlobKey, tuple[str, bytes | None]],
+    stored_writes: Mapping[WriteKey, Sequence[StoredWrite]],
+) -> Row:
+    """The row with its blobs and pending writes, tail writes applied as the flush would
+    (insert-or-ignore per (task, idx); an upsert of special writes keeps the path)."""
+    key = (row["checkpoint_ns"], row["checkpoint_id"])
+    state: dict[tuple[str, int], tuple[str, str, bytes | None, str]] = {}
+    if row.get("_pending"):
+        values = []
+        for channel, version in row["checkpoint"].get("channel_versions", {}).items():
+            bkey = (key[0], channel, str(version))
+            got = stored_blobs.get(bkey) or tail.blobs.get(bkey)
+            if got is not None:
+                values.append([channel.encode(), got[0].encode(), got[1]])
+        row["channel_values"] = values
+        for task, idx, channel, type_, blob, path in stored_writes.get(key, ()):
+            state[(task, idx)] = (channel, type_, blob, path)
+    else:
+        for w in row["pending_writes"] or ():
+            state[(w[0].decode(), int(w[5]))] = (w[1].decode(), w[2].decode(), w[3], w[4].decode())
+    for w in tail.writes:
+        if (w.ns, w.checkpoint_id) != key:
+            continue
+        old = state.get((w.task_id, w.idx))
+        if old is None:
+            state[(w.task_id, w.idx)] = (w.channel, w.type, w.blob, w.task_path)
+        elif w.upsert:
+            state[(w.task_id, w.idx)] = (w.channel, w.type, w.blob, old[3])
+    row["pending_writes"] = [
+        [task.encode(), channel.encode(), type_.encode(), blob, path.encode(), str(idx).encode()]
+        for (task, idx), (channel, type_, blob, path) in state.items()
+    ]
+    return row
+
+
+# -- jsonb containment (the metadata filter, ``metadata @> filter``) ----------------------
+
+
+def _scalar_eq(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and bool(a == b)
+
+
+def contains(doc: Any, flt: Any) -> bool:
+    """jsonb ``doc @> flt``, for the tail's metadata (Postgres answers it for stored rows)."""
+    if isinstance(flt, dict):
+        return isinstance(doc, dict) and all(
+            k in doc and contains(doc[k], v) for k, v in flt.items()
+        )
+    if isinstance(flt, list | tuple):
+        return isinstance(doc, list | tuple) and all(any(contains(d, f) for d in doc) for f in flt)
+    if isinstance(doc, dict | list | tuple):
+        return False
+    return _scalar_eq(doc, flt)

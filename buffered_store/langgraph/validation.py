@@ -1,0 +1,65 @@
+"""What Postgres (or the WAL's JSON) would refuse, refused before anything is written. Pure.
+
+AsyncPostgresSaver finds out at the INSERT; this front-end writes to the WAL first and
+to Postgres later, in the flusher, where a refused row would be a poison entry. So every
+text and JSON value that goes into a ``text`` or ``jsonb`` column is checked here, and
+the `ValidationError` names where the bad value sits (``metadata.deep.k``,
+``checkpoint.channel_values.items[2]``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from buffered_store.errors import ValidationError
+
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
+"""The integers the WAL's JSON encoder (orjson) writes; Postgres jsonb would take larger
+ones, so this is our limit, not Postgres's (AsyncPostgresSaver accepts them)."""
+
+
+def check_text(value: Any, what: str) -> str:
+    """`value` if it is a string Postgres ``text`` accepts (no NUL, valid Unicode)."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValidationError(f"{what} contains a NUL character, which Postgres text rejects")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{what} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def check_json(value: Any, where: str) -> None:
+    """Refuse what Postgres jsonb or the WAL refuses: NUL in strings or keys,
+    NaN/Infinity, lone surrogates, integers beyond 64 bits, non-string keys, non-JSON
+    types. Iterative, so deeply nested values do not hit the recursion limit."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX:
+                raise ValidationError(
+                    f"{path} is an integer beyond 64 bits ({item.bit_length()} bits), "
+                    "which the WAL's JSON cannot carry; store it as a string"
+                )
+        elif isinstance(item, str):
+            check_text(item, path)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValidationError(f"{path} is {item!r}; Postgres jsonb has no NaN/Infinity")
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise ValidationError(f"{path} has a non-string key {key!r}")
+                check_text(key, f"{path} key {key!r}")
+                stack.append((sub, f"{path}.{key}"))
+        elif isinstance(item, list | tuple):
+            stack.extend((sub, f"{path}[{i}]") for i, sub in enumerate(item))
+        else:
+            raise ValidationError(f"{path} is a {type(item).__name__}, not JSON")

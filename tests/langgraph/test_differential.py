@@ -1,0 +1,207 @@
+"""The same random calls to AsyncPostgresSaver and `BufferedCheckpointSaver`, each in its
+own schema of one database: every read compared after every call (the buffered one
+mostly answering from its unflushed tail), then, after `force_flush_all`, LangGraph's
+three tables compared row for row.
+
+delete_for_runs and copy_thread are left out: AsyncPostgresSaver 3.2.0 does not
+implement them (their semantics here are ours; the conformance suite covers them).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
+
+from buffered_store.langgraph import BufferedCheckpointSaver
+from tests.langgraph.helpers import fresh_config
+
+SEEDS = (1, 2, 3, 4)
+STEPS = 200
+TABLES = {
+    "checkpoints": "thread_id, checkpoint_ns, checkpoint_id",
+    "checkpoint_blobs": "thread_id, checkpoint_ns, channel, version",
+    "checkpoint_writes": "thread_id, checkpoint_ns, checkpoint_id, task_id, idx",
+}
+THREADS = ("t1", "t2", "t3")
+NAMESPACES = ("", "child:1")
+CHANNELS = ("a", "b", "c", "msgs")
+
+
+def norm(t: CheckpointTuple | None) -> Any:
+    if t is None:
+        return None
+    return (t.config, t.checkpoint, t.metadata, t.parent_config, t.pending_writes)
+
+
+@dataclass
+class Model:
+    """What the calls so far created: heads, channel versions and values, checkpoint ids."""
+
+    heads: dict[tuple[str, str], str] = field(default_factory=dict)
+    versions: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    values: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    ids: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def forget(self, tid: str) -> None:
+        for key in [k for k in self.heads if k[0] == tid]:
+            self.heads.pop(key)
+            self.ids.pop(key, None)
+        for vkey in [k for k in self.versions if k[0] == tid]:
+            self.versions.pop(vkey)
+
+
+@pytest.fixture
+async def schemas(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """Two fresh schemas (reference, buffered): libpq URLs searching each first."""
+    run = uuid.uuid4().hex[:8]
+    names = (f"ref_{run}", f"buf_{run}")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for name in names:
+            await conn.execute(f"CREATE SCHEMA {name}")
+    sep = "&" if "?" in pg_dsn else "?"
+    try:
+        yield (
+            f"{pg_dsn}{sep}options=-csearch_path%3D{names[0]}",
+            f"{pg_dsn}{sep}options=-csearch_path%3D{names[1]}",
+        )
+    finally:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            for name in names:
+                await conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
+    seed: int, nats_url: str, schemas: tuple[str, str]
+) -> None:
+    ref_dsn, buf_dsn = schemas
+    rnd = random.Random(seed)
+    config = fresh_config(nats_url, buf_dsn, drain_on_close=False)
+    async with (
+        AsyncPostgresSaver.from_conn_string(ref_dsn) as ref,
+        BufferedCheckpointSaver.connect(config) as buf,
+    ):
+        await ref.setup()
+        await buf.setup()
+        model = Model()
+        mismatches: list[str] = []
+        ops: dict[str, int] = {}
+        for step in range(STEPS):
+            op = rnd.choices(["put", "writes", "flush", "delete", "prune"], [40, 40, 8, 2, 2])[0]
+            tid, ns = rnd.choice(THREADS), rnd.choice(NAMESPACES)
+            ops[op] = ops.get(op, 0) + 1
+            if op == "put":
+                await both_put(ref, buf, model, rnd, tid, ns, step)
+            elif op == "writes" and model.ids.get((tid, ns)):
+                cid = rnd.choice(model.ids[(tid, ns)][-3:])
+                chans = rnd.choice([["x"], ["x", "y"], [ERROR], [INTERRUPT, RESUME], ["x", ERROR]])
+                writes = [(ch, rnd.choice(["v1", {"v": 2}, 3])) for ch in chans]
+                wcfg: RunnableConfig = {
+                    "configurable": {"thread_id": tid, "checkpoint_ns": ns, "checkpoint_id": cid}
+                }
+                task, path = rnd.choice(["task1", "task2"]), rnd.choice(["", "p:1"])
+                await ref.aput_writes(wcfg, writes, task, path)
+                await buf.aput_writes(wcfg, writes, task, path)
+            elif op == "flush":
+                await buf.force_flush(tid)
+            elif op == "delete":
+                await ref.adelete_thread(tid)
+                await buf.adelete_thread(tid)
+                model.forget(tid)
+            elif op == "prune":
+                await ref.aprune([tid])
+                await buf.aprune([tid])
+                for key in [k for k in model.ids if k[0] == tid]:
+                    model.ids[key] = model.ids[key][-1:]
+            for kind, rcfg, kwargs in probes(rnd, model, tid, ns):
+                if kind == "get":
+                    a, b = norm(await ref.aget_tuple(rcfg)), norm(await buf.aget_tuple(rcfg))
+                else:
+                    a = [norm(t) async for t in ref.alist(rcfg, **kwargs)]
+                    b = [norm(t) async for t in buf.alist(rcfg, **kwargs)]
+                if a != b:
+                    mismatches.append(f"step {step} after {op}: {kind} {rcfg} {kwargs}")
+        assert mismatches == []
+        stats = buf.stats()
+        assert stats["overlay_reads"] > STEPS  # most reads folded an unflushed tail
+        assert ops["put"] > STEPS // 4
+        await buf.force_flush_all()
+    async with (
+        await psycopg.AsyncConnection.connect(ref_dsn) as ra,
+        await psycopg.AsyncConnection.connect(buf_dsn) as rb,
+    ):
+        for table, order in TABLES.items():
+            query = f"SELECT * FROM {table} ORDER BY {order}"
+            ref_rows = await (await ra.execute(query)).fetchall()
+            buf_rows = await (await rb.execute(query)).fetchall()
+            assert ref_rows == buf_rows, table
+            assert ref_rows or table != "checkpoints"
+
+
+async def both_put(
+    ref: AsyncPostgresSaver,
+    buf: BufferedCheckpointSaver,
+    model: Model,
+    rnd: random.Random,
+    tid: str,
+    ns: str,
+    step: int,
+) -> None:
+    chosen = rnd.sample(CHANNELS, k=rnd.randint(0, len(CHANNELS)))
+    new_versions: dict[str, str | int | float] = {}
+    versions: dict[str, str | int | float] = {}
+    values: dict[str, Any] = {}
+    for ch in CHANNELS:
+        key = (tid, ns, ch)
+        if ch in chosen:
+            model.versions[key] = ref.get_next_version(model.versions.get(key), None)
+            new_versions[ch] = model.versions[key]
+            model.values[key] = (
+                [{"role": "user", "n": i} for i in range(rnd.randint(0, 3))]
+                if ch == "msgs"
+                else rnd.choice([1, "x", 2.5, None, False, {"k": [1, 2]}])
+            )
+        if key in model.versions:
+            versions[ch] = model.versions[key]
+            values[ch] = model.values[key]
+    cp = generate_checkpoint(channel_values=values, channel_versions=versions)
+    md: CheckpointMetadata = {"source": rnd.choice(["input", "loop"]), "step": step, "parents": {}}
+    md["run_id"] = rnd.choice(["r1", "r2"])
+    pcfg: RunnableConfig = {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}
+    if (tid, ns) in model.heads:
+        pcfg["configurable"]["checkpoint_id"] = model.heads[(tid, ns)]
+    assert await ref.aput(pcfg, cp, md, new_versions) == await buf.aput(pcfg, cp, md, new_versions)
+    model.heads[(tid, ns)] = cp["id"]
+    model.ids.setdefault((tid, ns), []).append(cp["id"])
+
+
+def probes(
+    rnd: random.Random, model: Model, tid: str, ns: str
+) -> list[tuple[str, RunnableConfig, dict[str, Any]]]:
+    """Reads of the thread just written: latest, one by id, pages, a metadata filter."""
+    found: list[tuple[str, RunnableConfig, dict[str, Any]]] = [
+        ("get", {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}, {})
+    ]
+    if model.ids.get((tid, ns)):
+        some = rnd.choice(model.ids[(tid, ns)])
+        by_id: RunnableConfig = {
+            "configurable": {"thread_id": tid, "checkpoint_ns": ns, "checkpoint_id": some}
+        }
+        found.append(("get", by_id, {}))
+        before: RunnableConfig = {"configurable": {"checkpoint_id": some}}
+        found.append(("list", {"configurable": {"thread_id": tid}}, {"before": before, "limit": 2}))
+    flt = {"filter": {"source": "loop", "run_id": "r1"}}
+    found.append(("list", {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}, flt))
+    found.append(("list", {"configurable": {"thread_id": tid}}, {"limit": 3}))
+    return found
