@@ -65,6 +65,10 @@ def _scenario_command(name: str) -> click.Command:
         help="Store call of each step, on every side: checkpoint (full snapshot) or append "
         "(the new messages only). Default: append for curve, checkpoint elsewhere.",
     )
+    @click.option("--steps", type=int, default=None, help="Graph steps per run (langgraph).")
+    @click.option(
+        "--runs", type=int, default=None, help="Graph runs per thread, in turn (langgraph)."
+    )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
         "--profile",
@@ -154,6 +158,7 @@ async def execute(name: str, options: Options) -> Path:
         "sections": outcome.sections,
         **({"figures": outcome.figures} if outcome.figures else {}),
         "methods": outcome.methods,
+        "latency_of": outcome.latency_of,
         "notes": bench_.notes
         + (
             ["profiled run: cProfile slows the measured code; use a plain run's figures"]
@@ -161,7 +166,7 @@ async def execute(name: str, options: Options) -> Path:
             else []
         ),
     }
-    report.write_all(result, bench_.output, outcome.extra_plots)
+    report.write_all(result, bench_.output, outcome.extra_plots, outcome.side_rows)
     _echo_targets(bench_, outcome.targets)
     return bench_.output
 

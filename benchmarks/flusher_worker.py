@@ -1,10 +1,11 @@
 """`python -m buffered_store.benchmarks.flusher_worker`: a `Flusher` process that reports its stats.
 
 Configured like any flusher through ``BUFSTORE_*`` variables (`FlusherConfig.from_env`),
-plus the database URL and schema. Every `--interval-s` it prints one JSON line with
-`Flusher.stats()` and its own CPU seconds. SIGTERM (or the parent's death) stops the
-flusher with a drain, prints the final line and exits. `--profile FILE` writes cProfile
-stats of the whole run.
+plus the database URL and schema (`--front-end langgraph`: the LangGraph checkpointer's
+entries into LangGraph's tables, found through the URL's search_path). Every
+`--interval-s` it prints one JSON line with `Flusher.stats()` and its own CPU seconds.
+SIGTERM (or the parent's death) stops the flusher with a drain, prints the final line and
+exits. `--profile FILE` writes cProfile stats of the whole run.
 """
 
 from __future__ import annotations
@@ -30,8 +31,18 @@ def _line(stats: dict[str, Any], final: bool = False) -> None:
     sys.stdout.flush()
 
 
-async def run(database_url: str, schema: str, interval_s: float) -> int:
+async def _open_target(database_url: str, schema: str, front_end: str) -> tuple[Any, Any]:
+    """(what the flusher writes into, the entries' format: None for the thread-run store's)."""
+    if front_end == "langgraph":
+        from buffered_store.langgraph import LG_FORMAT, LangGraphSink
+
+        return await LangGraphSink.open(database_url), LG_FORMAT
     from buffered_store.stores.postgres import PostgresThreadRunStore
+
+    return await PostgresThreadRunStore.connect(database_url, schema=schema), None
+
+
+async def run(database_url: str, schema: str, interval_s: float, front_end: str) -> int:
     from flusher import Flusher, FlusherConfig
 
     config = FlusherConfig.from_env()
@@ -40,9 +51,9 @@ async def run(database_url: str, schema: str, interval_s: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     parent = os.getppid()
-    inner = await PostgresThreadRunStore.connect(database_url, schema=schema)
+    inner, fmt = await _open_target(database_url, schema, front_end)
     try:
-        async with Flusher(inner, config) as flusher:
+        async with Flusher(inner, config, fmt=fmt) as flusher:
             while not stop.is_set():
                 _line(dict(flusher.stats()))
                 with contextlib.suppress(TimeoutError):
@@ -61,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schema", default="public")
     parser.add_argument("--interval-s", type=float, default=0.25)
     parser.add_argument("--profile", default=None, help="write cProfile stats to this file")
+    parser.add_argument("--front-end", choices=("threadrun", "langgraph"), default="threadrun")
     args = parser.parse_args(argv)
+    main_ = run(args.database_url, args.schema, args.interval_s, args.front_end)
     if args.profile is None:
-        return asyncio.run(run(args.database_url, args.schema, args.interval_s))
+        return asyncio.run(main_)
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        return asyncio.run(run(args.database_url, args.schema, args.interval_s))
+        return asyncio.run(main_)
     finally:
         profiler.disable()
         profiler.dump_stats(args.profile)

@@ -53,6 +53,10 @@ class Options:
     """Checkpoints per second per thread, for the paced scenarios."""
     api: str | None = None
     """`checkpoint` or `append`: the store call of each step (None: the scenario's default)."""
+    steps: int | None = None
+    """Graph steps per run (`langgraph`)."""
+    runs: int | None = None
+    """Graph runs per thread, one after the other (`langgraph`)."""
     keep: bool = False
     profile: bool = False
     command: str = ""
@@ -183,8 +187,9 @@ class Bench:
         """libpq URL of the `postgres` maintenance database."""
         return with_database(to_libpq_url(self.svc.database_url), "postgres")
 
-    async def new_database(self, side: str) -> SideDb:
-        """A fresh database for one side, migrated to the head revision."""
+    async def new_database(self, side: str, *, migrate: bool = True) -> SideDb:
+        """A fresh database for one side, migrated to the head revision (the thread-run
+        store's schema; `migrate=False` leaves it empty, for LangGraph's tables)."""
         name = re.sub(r"[^a-z0-9_]", "_", f"bench_{self.scenario}_{side}_{self.tag}".lower())
         async with await psycopg.AsyncConnection.connect(
             self.admin_libpq_url, autocommit=True
@@ -192,8 +197,9 @@ class Bench:
             await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         self.databases.append(name)
         url = with_database(to_sqlalchemy_url(self.svc.database_url), name)
-        store = await PostgresThreadRunStore.connect(url, schema=SCHEMA, migrate=True)
-        await store.close()
+        if migrate:
+            store = await PostgresThreadRunStore.connect(url, schema=SCHEMA, migrate=True)
+            await store.close()
         return SideDb(name, url, with_database(to_libpq_url(self.svc.database_url), name))
 
     async def _drop_database(self, name: str) -> None:

@@ -60,8 +60,11 @@ class FlusherProcess:
         log_path: Path,
         profile_path: Path | None = None,
         interval_s: float = 0.25,
+        front_end: str = "threadrun",
     ) -> FlusherProcess:
-        """Start the worker and wait until its flusher runs."""
+        """Start the worker and wait until its flusher runs. `front_end` "langgraph" drains
+        the LangGraph checkpointer's WAL into LangGraph's tables at `database_url` (a libpq
+        URL; `schema` is then unused: the URL's search_path finds the tables)."""
         env = dict(os.environ)
         for name in FLUSHER_ENV_FIELDS:
             env["BUFSTORE_" + name.upper()] = str(getattr(config, name))
@@ -74,6 +77,8 @@ class FlusherProcess:
             schema,
             "--interval-s",
             str(interval_s),
+            "--front-end",
+            front_end,
         ]
         if profile_path is not None:
             args += ["--profile", str(profile_path)]

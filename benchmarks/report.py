@@ -22,7 +22,9 @@ import matplotlib.pyplot as plt
 Row = tuple[str, Callable[[dict[str, Any]], Any], str]
 
 
-def _get(*path: str) -> Callable[[dict[str, Any]], Any]:
+def at(*path: str) -> Callable[[dict[str, Any]], Any]:
+    """Reader of the figure at `path` in a side (None when missing), for a `Row`."""
+
     def read(side: dict[str, Any]) -> Any:
         value: Any = side
         for key in path:
@@ -35,60 +37,60 @@ def _get(*path: str) -> Callable[[dict[str, Any]], Any]:
 
 
 SIDE_ROWS: list[Row] = [
-    ("checkpoints (ok)", _get("checkpoints"), "int"),
-    ("failed checkpoints", _get("failed"), "int"),
-    ("offered checkpoints/s", _get("offered_per_s"), "rate"),
-    ("achieved checkpoints/s", _get("throughput_per_s"), "rate"),
-    ("latency p50 ms", _get("latency_ms", "p50"), "ms"),
-    ("latency p95 ms", _get("latency_ms", "p95"), "ms"),
-    ("latency p99 ms", _get("latency_ms", "p99"), "ms"),
-    ("latency max ms", _get("latency_ms", "max"), "ms"),
-    ("PG transactions / checkpoint", _get("pg", "transactions_per_checkpoint"), "ratio"),
-    ("PG tuple writes / checkpoint", _get("pg", "tuple_writes_per_checkpoint"), "ratio"),
-    ("PG WAL bytes / checkpoint", _get("pg", "pg_wal_bytes_per_checkpoint"), "bytes"),
+    ("checkpoints (ok)", at("checkpoints"), "int"),
+    ("failed checkpoints", at("failed"), "int"),
+    ("offered checkpoints/s", at("offered_per_s"), "rate"),
+    ("achieved checkpoints/s", at("throughput_per_s"), "rate"),
+    ("latency p50 ms", at("latency_ms", "p50"), "ms"),
+    ("latency p95 ms", at("latency_ms", "p95"), "ms"),
+    ("latency p99 ms", at("latency_ms", "p99"), "ms"),
+    ("latency max ms", at("latency_ms", "max"), "ms"),
+    ("PG transactions / checkpoint", at("pg", "transactions_per_checkpoint"), "ratio"),
+    ("PG tuple writes / checkpoint", at("pg", "tuple_writes_per_checkpoint"), "ratio"),
+    ("PG WAL bytes / checkpoint", at("pg", "pg_wal_bytes_per_checkpoint"), "bytes"),
     (
         "NATS round trips / checkpoint (steady)",
-        _get("nats", "requests_per_checkpoint_steady"),
+        at("nats", "requests_per_checkpoint_steady"),
         "ratio",
     ),
-    ("NATS round trips / checkpoint (all)", _get("nats", "requests_per_checkpoint"), "ratio"),
+    ("NATS round trips / checkpoint (all)", at("nats", "requests_per_checkpoint"), "ratio"),
     (
         "NATS WAL bytes / checkpoint (steady)",
-        _get("nats", "wal_bytes_per_checkpoint_steady"),
+        at("nats", "wal_bytes_per_checkpoint_steady"),
         "bytes",
     ),
-    ("flush lag from call start p50 ms", _get("flush", "lag_ms", "p50"), "ms"),
-    ("flush lag from call start p99 ms", _get("flush", "lag_ms", "p99"), "ms"),
-    ("flush lag from call start max ms", _get("flush", "lag_ms", "max"), "ms"),
-    ("flush lag from ack p50 ms", _get("flush", "lag_from_ack_ms", "p50"), "ms"),
-    ("flush lag from ack p99 ms", _get("flush", "lag_from_ack_ms", "p99"), "ms"),
-    ("backlog max (entries)", _get("flush", "backlog", "max"), "int"),
+    ("flush lag from call start p50 ms", at("flush", "lag_ms", "p50"), "ms"),
+    ("flush lag from call start p99 ms", at("flush", "lag_ms", "p99"), "ms"),
+    ("flush lag from call start max ms", at("flush", "lag_ms", "max"), "ms"),
+    ("flush lag from ack p50 ms", at("flush", "lag_from_ack_ms", "p50"), "ms"),
+    ("flush lag from ack p99 ms", at("flush", "lag_from_ack_ms", "p99"), "ms"),
+    ("backlog max (entries)", at("flush", "backlog", "max"), "int"),
     (
         "backlog trend, 2nd half, troughs (entries/s)",
-        _get("flush", "backlog", "trough_slope_per_s_second_half"),
+        at("flush", "backlog", "trough_slope_per_s_second_half"),
         "ratio",
     ),
     (
         "backlog trend, 2nd half, every sample (entries/s)",
-        _get("flush", "backlog", "slope_per_s_second_half"),
+        at("flush", "backlog", "slope_per_s_second_half"),
         "ratio",
     ),
-    ("drain after writes s", _get("flush", "drain_s"), "s"),
-    ("flusher CPU µs / flushed entry", _get("flush", "cpu_us_per_entry"), "ratio"),
-    ("flusher entries / transaction", _get("flush", "entries_per_transaction"), "ratio"),
-    ("CPU s total", _get("cpu", "seconds", "total"), "s"),
+    ("drain after writes s", at("flush", "drain_s"), "s"),
+    ("flusher CPU µs / flushed entry", at("flush", "cpu_us_per_entry"), "ratio"),
+    ("flusher entries / transaction", at("flush", "entries_per_transaction"), "ratio"),
+    ("CPU s total", at("cpu", "seconds", "total"), "s"),
     (
         "CPU s / 1k checkpoints (all processes)",
-        _get("cpu", "seconds_per_1k_checkpoints", "total"),
+        at("cpu", "seconds_per_1k_checkpoints", "total"),
         "s",
     ),
-    ("  this process (writers)", _get("cpu", "seconds_per_1k_checkpoints", "harness"), "s"),
-    ("  flusher process", _get("cpu", "seconds_per_1k_checkpoints", "flusher"), "s"),
-    ("  nats-server", _get("cpu", "seconds_per_1k_checkpoints", "nats_server"), "s"),
-    ("  postgres", _get("cpu", "seconds_per_1k_checkpoints", "postgres"), "s"),
+    ("  this process (writers)", at("cpu", "seconds_per_1k_checkpoints", "harness"), "s"),
+    ("  flusher process", at("cpu", "seconds_per_1k_checkpoints", "flusher"), "s"),
+    ("  nats-server", at("cpu", "seconds_per_1k_checkpoints", "nats_server"), "s"),
+    ("  postgres", at("cpu", "seconds_per_1k_checkpoints", "postgres"), "s"),
     (
         "CPU s of other processes on the machine meanwhile",
-        _get("cpu", "seconds", "other_processes"),
+        at("cpu", "seconds", "other_processes"),
         "s",
     ),
 ]
@@ -150,7 +152,7 @@ def unavailable_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: dict[str, Any], side_rows: Sequence[Row] = SIDE_ROWS) -> str:
     """The whole report of one run."""
     m = result["machine"]
     parts = [
@@ -185,7 +187,7 @@ def markdown(result: dict[str, Any]) -> str:
         whys = [f"- {t['figure']}: {t['why']}" for t in result["targets"] if t.get("why")]
         parts += [*whys, ""] if whys else []
     if result.get("sides"):
-        parts += ["## Side by side", "", side_table(result["sides"]), ""]
+        parts += ["## Side by side", "", side_table(result["sides"], side_rows), ""]
         missing = unavailable_lines(result["sides"])
         parts += [*missing, ""] if missing else []
     for title, body in result.get("sections", {}).items():
@@ -203,8 +205,11 @@ def markdown(result: dict[str, Any]) -> str:
 # -- plots ---------------------------------------------------------------------------------
 
 
-def plot_latency_cdf(sides: dict[str, dict[str, Any]], path: Path, title: str) -> bool:
-    """Latency CDF (left) and tail (right, 1 - F on a log scale) of every side."""
+def plot_latency_cdf(
+    sides: dict[str, dict[str, Any]], path: Path, title: str, what: str = "checkpoint"
+) -> bool:
+    """Latency CDF (left) and tail (right, 1 - F on a log scale) of every side; `what`
+    names what the latencies time."""
     with_data = {k: s for k, s in sides.items() if s.get("latency_cdf_ms")}
     if not with_data:
         return False
@@ -217,16 +222,16 @@ def plot_latency_cdf(sides: dict[str, dict[str, Any]], path: Path, title: str) -
         floor = 1 / max(1, side.get("latency_ms", {}).get("count") or 1)
         tail.plot(xs, [max(1 - y, floor) for y in ys], label=side.get("label"), color=colors[key])
     ax.set_xscale("log")
-    ax.set_xlabel("checkpoint latency (ms, log)")
-    ax.set_ylabel("fraction of checkpoints")
+    ax.set_xlabel(f"{what} latency (ms, log)")
+    ax.set_ylabel(f"fraction of {what}s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     tail.set_xscale("log")
     tail.set_yscale("log")
-    tail.set_xlabel("checkpoint latency (ms, log)")
+    tail.set_xlabel(f"{what} latency (ms, log)")
     tail.set_ylabel("fraction slower (1 - CDF)")
     tail.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"{title}: checkpoint latency")
+    fig.suptitle(f"{title}: {what} latency")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -234,7 +239,11 @@ def plot_latency_cdf(sides: dict[str, dict[str, Any]], path: Path, title: str) -
 
 
 def plot_timeline(
-    sides: dict[str, dict[str, Any]], path: Path, title: str, events: bool = True
+    sides: dict[str, dict[str, Any]],
+    path: Path,
+    title: str,
+    events: bool = True,
+    what: str = "checkpoint",
 ) -> bool:
     """Throughput (top), WAL backlog (middle) and flush lag p99 (bottom) over time."""
     with_data = {k: s for k, s in sides.items() if s.get("timeline", {}).get("t_s")}
@@ -258,7 +267,7 @@ def plot_timeline(
             if event["label"] not in annotated:  # each side has its own, at about the same time
                 annotated.add(event["label"])
                 top.annotate(event["label"], (event["began_s"], 0), fontsize=7, rotation=90)
-    top.set_ylabel("checkpoints/s")
+    top.set_ylabel(f"{what}s/s")
     mid.set_ylabel("WAL backlog (entries)")
     low.set_ylabel("flush lag p99 (ms)")
     low.set_xlabel("time since the measured phase started (s)")
@@ -281,14 +290,17 @@ def write_all(
     result: dict[str, Any],
     out: Path,
     extra_plots: Sequence[Callable[[Path], str | None]] = (),
+    side_rows: Sequence[Row] | None = None,
 ) -> list[Path]:
-    """Write plots, then `results.json` and `report.md`; return the files written."""
+    """Write plots, then `results.json` and `report.md`; return the files written.
+    `side_rows` replaces `SIDE_ROWS` in the side-by-side table."""
     out.mkdir(parents=True, exist_ok=True)
     plots: list[str] = list(result.get("plots", []))
     sides = result.get("sides", {})
-    if plot_latency_cdf(sides, out / "latency_cdf.png", result["scenario"]):
+    what = str(result.get("latency_of") or "checkpoint")
+    if plot_latency_cdf(sides, out / "latency_cdf.png", result["scenario"], what):
         plots.append("latency_cdf.png")
-    if plot_timeline(sides, out / "timeline.png", result["scenario"]):
+    if plot_timeline(sides, out / "timeline.png", result["scenario"], what=what):
         plots.append("timeline.png")
     for plot in extra_plots:
         name = plot(out)
@@ -296,5 +308,5 @@ def write_all(
             plots.append(name)
     result["plots"] = plots
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "report.md").write_text(markdown(result))
+    (out / "report.md").write_text(markdown(result, side_rows or SIDE_ROWS))
     return [out / "results.json", out / "report.md", *(out / p for p in plots)]

@@ -47,6 +47,19 @@ DESIGN_TARGETS = {
         "writer CPU per checkpoint from 50 to 2,000 messages of history",
         "flat: max/min at most 1.2",
     ),
+    # Issue 11 asks for these side by side and sets no target: ratios, never judged.
+    "lg_pg_tx": (
+        "Postgres transactions per LangGraph step: AsyncPostgresSaver vs buffered saver",
+        "none (issue 11 sets none): ratio reported",
+    ),
+    "lg_p99": (
+        "LangGraph step latency p99: AsyncPostgresSaver vs buffered saver",
+        "none (issue 11 sets none): ratio reported",
+    ),
+    "lg_rate": (
+        "LangGraph steps/s, closed loop: buffered saver vs AsyncPostgresSaver",
+        "none (issue 11 sets none): ratio reported",
+    ),
 }
 
 

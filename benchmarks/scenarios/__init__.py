@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..harness import Bench
+from ..report import Row
 
 MODULES = {
     "hot-threads": "hot_threads",
@@ -24,6 +25,7 @@ MODULES = {
     "spark-overlay": "spark_overlay",
     "curve": "curve",
     "writer-cpu": "writer_cpu",
+    "langgraph": "langgraph_saver",
 }
 
 
@@ -39,6 +41,10 @@ class Outcome:
     extra_plots: list[Callable[[Path], str | None]] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     """Scenario figures beyond the sides' (results.json `figures`)."""
+    side_rows: list[Row] | None = None
+    """Rows of the side-by-side table (default `report.SIDE_ROWS`)."""
+    latency_of: str = "checkpoint"
+    """What each side's latencies time, for the plots' labels ("graph step")."""
 
 
 Runner = Callable[[Bench], Awaitable[Outcome]]

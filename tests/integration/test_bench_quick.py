@@ -48,6 +48,7 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
         {"timeline.png", "latency_vs_load.png"},
     ),
     "writer-cpu": ({"append", "checkpoint", "raw"}, {"writer_cpu.png"}),
+    "langgraph": ({"direct", "buffered"}, {"timeline.png"}),
 }
 TOP_KEYS = {
     "scenario",
@@ -171,7 +172,32 @@ def check_spark_overlay(data: dict[str, Any], report: str) -> None:
     assert "restarted writers" in report
 
 
+def check_langgraph(data: dict[str, Any], report: str) -> None:
+    """Per-step figures on both sides, the ratios reported and not judged, and the same
+    checkpoints per thread on both sides after force_flush_all."""
+    params = data["parameters"]
+    for key, side in data["sides"].items():
+        assert side["steps"] == params["threads"] * params["runs"] * params["steps"], key
+        assert side["failed"] == 0, (key, side["failure_kinds"])
+        assert side["pg"]["transactions_per_step"] > 0, key
+        assert side["pg"]["pg_wal_bytes_per_step"] > 0, key
+        assert {"p50", "p95", "p99"} <= set(side["run_latency_ms"]), key
+    assert data["sides"]["buffered"]["flush"]["drain_s"] is not None
+    assert data["sides"]["buffered"]["nats"]["wal_bytes_per_step"] > 0
+    assert [t["id"] for t in data["targets"]] == ["lg_pg_tx", "lg_p99", "lg_rate"]
+    assert all(t["met"] is None for t in data["targets"])
+    check = data["figures"]["correctness"]
+    assert check["ok"], check["summary"]
+    expected = params["runs"] * (params["steps"] + 2)
+    assert check["expected_checkpoints_per_thread"] == expected
+    total = expected * params["threads"]
+    assert check["checkpoints"] == {"direct": total, "buffered": total}
+    assert "## Correctness after force_flush_all" in report
+    assert "PG transactions / step" in report
+
+
 SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "langgraph": check_langgraph,
     "curve": check_curve,
     "spark-overlay": check_spark_overlay,
     "writer-cpu": check_writer_cpu,
