@@ -9,7 +9,7 @@ would have written for the same calls, so an application can switch between the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -47,32 +47,12 @@ from buffered_store.langgraph.entry import LG_FORMAT, LgEntry, LgHot, b64, encod
 from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.langgraph.validation import check_json, check_text
 from buffered_store.nats import NatsWal
+from buffered_store.opening import Opening
 
 T = TypeVar("T")
 MAX_READ_ATTEMPTS = 5
 """Reads that find a logical entry (runs, prune, copy) pending flush the thread and read
 again; a thread that keeps receiving them is reported rather than read forever."""
-
-
-class _Connecting:
-    """What `connect()` returns: await it, or use it as an async context manager."""
-
-    def __init__(self, opening: Awaitable[BufferedCheckpointSaver]) -> None:
-        self._opening = opening
-        self._saver: BufferedCheckpointSaver | None = None
-
-    def __await__(self) -> Generator[Any, None, BufferedCheckpointSaver]:
-        return self._opening.__await__()
-
-    async def __aenter__(self) -> BufferedCheckpointSaver:
-        self._saver = await self._opening
-        return self._saver
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._saver is not None:
-            await self._saver.close()
 
 
 class BufferedCheckpointSaver(BasePostgresSaver):
@@ -118,10 +98,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     @classmethod
     def connect(
         cls, config: LangGraphConfig | None = None, *, serde: SerializerProtocol | None = None
-    ) -> _Connecting:
+    ) -> Opening[BufferedCheckpointSaver]:
         """Open the WAL (creating its stream, buckets and consumer if needed) and the
         Postgres pool. `config` defaults to `LangGraphConfig.from_env()`."""
-        return _Connecting(cls._open(config or LangGraphConfig.from_env(), serde))
+        return Opening(cls._open(config or LangGraphConfig.from_env(), serde))
 
     @classmethod
     async def _open(

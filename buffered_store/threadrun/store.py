@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -38,6 +38,7 @@ from buffered_store.errors import (
 )
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
 from buffered_store.nats import NatsWal
+from buffered_store.opening import Opening
 from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
@@ -83,27 +84,6 @@ RunCursor = Cursor[HotRecord, list[bytes]]
 """A writer's cursor of a thread: hot record and message snapshot."""
 
 
-class _Connecting:
-    """What `connect()` returns: await it, or use it as an async context manager."""
-
-    def __init__(self, opening: Awaitable[BufferedThreadRunStore]) -> None:
-        self._opening = opening
-        self._store: BufferedThreadRunStore | None = None
-
-    def __await__(self) -> Generator[Any, None, BufferedThreadRunStore]:
-        return self._opening.__await__()
-
-    async def __aenter__(self) -> BufferedThreadRunStore:
-        self._store = await self._opening
-        return self._store
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._store is not None:
-            await self._store.close()
-
-
 class BufferedThreadRunStore:
     """Buffers checkpoints in a NATS JetStream WAL in front of an inner `ThreadRunStore`."""
 
@@ -145,13 +125,13 @@ class BufferedThreadRunStore:
         config: BufferedStoreConfig | None = None,
         *,
         clock: Callable[[], datetime] = utcnow,
-    ) -> _Connecting:
+    ) -> Opening[BufferedThreadRunStore]:
         """Open the WAL (creating the stream, bucket and consumer if needed) around `inner`.
 
         ``await BufferedThreadRunStore.connect(...)`` or
         ``async with BufferedThreadRunStore.connect(...) as store``.
         """
-        return _Connecting(cls._open(inner, config or BufferedStoreConfig.from_env(), clock))
+        return Opening(cls._open(inner, config or BufferedStoreConfig.from_env(), clock))
 
     @classmethod
     async def _open(
