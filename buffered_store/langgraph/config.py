@@ -38,6 +38,9 @@ class LangGraphConfig(BufferedStoreConfig):
     pool_min_size: int = 1
     pool_max_size: int = 8
     """Postgres connections of the saver's pool (reads, `force_flush`)."""
+    db_timeout_s: float = 2.0
+    """Longest wait for a pooled Postgres connection. While Postgres is down a read gives
+    up after this long (and answers from the WAL when it holds the thread's history)."""
     owner: str | None = None
     """This saver's name for `claim`: a thread claimed by one owner refuses writes from
     savers with another owner (or none). None: this saver cannot claim."""
@@ -57,6 +60,8 @@ class LangGraphConfig(BufferedStoreConfig):
             raise ConfigError(
                 f"pool_max_size must be >= 1 and >= pool_min_size, got {self.pool_max_size!r}"
             )
+        if not isinstance(self.db_timeout_s, int | float) or not self.db_timeout_s > 0:
+            raise ConfigError(f"db_timeout_s must be > 0, got {self.db_timeout_s!r}")
         if self.owner is not None and (not self.owner or "\x00" in self.owner):
             raise ConfigError("owner must be a non-empty string without NUL, or None")
 

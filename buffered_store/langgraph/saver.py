@@ -34,6 +34,7 @@ from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import flush_thread
 from buffered_store.errors import (
+    DatabaseUnavailableError,
     FlushTimeoutError,
     PayloadTooLargeError,
     StoreClosedError,
@@ -93,7 +94,13 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._closed = False
         self.loop = asyncio.get_running_loop()
         self.supports_pipeline = False
-        self._stats = {"entries": 0, "inline_flushes": 0, "overlay_reads": 0, "db_reads": 0}
+        self._stats = {
+            "entries": 0,
+            "inline_flushes": 0,
+            "overlay_reads": 0,
+            "db_reads": 0,
+            "wal_only_reads": 0,
+        }
 
     @classmethod
     def connect(
@@ -108,7 +115,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         cls, config: LangGraphConfig, serde: SerializerProtocol | None
     ) -> BufferedCheckpointSaver:
         sink = await LangGraphSink.open(
-            config.conninfo, min_size=config.pool_min_size, max_size=config.pool_max_size
+            config.conninfo,
+            min_size=config.pool_min_size,
+            max_size=config.pool_max_size,
+            timeout_s=config.db_timeout_s,
         )
         try:
             wal = await NatsWal.connect(config, name="bufstore-langgraph")
@@ -463,9 +473,12 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             self._stats["db_reads"] += 1
             return [self._to_tuple(r) for r in rows]
         for _ in range(MAX_READ_ATTEMPTS):
-            hot, (flushed, rows) = await asyncio.gather(
-                self._log.hot(thread_id), self.sink.read(thread_id, where, params, limit=limit)
-            )
+            try:
+                hot, (flushed, rows) = await asyncio.gather(
+                    self._log.hot(thread_id), self.sink.read(thread_id, where, params, limit=limit)
+                )
+            except DatabaseUnavailableError as exc:
+                return await self._read_without_db(thread_id, config, flt, before, limit, exc)
             if hot is None or hot.record.seq <= flushed:
                 self._stats["db_reads"] += 1
                 return [self._to_tuple(r) for r in rows]
@@ -505,6 +518,54 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
             for row in chosen
         ]
+
+    async def _read_without_db(
+        self,
+        thread_id: str,
+        config: RunnableConfig,
+        flt: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+        error: DatabaseUnavailableError,
+    ) -> list[CheckpointTuple]:
+        """A read while Postgres is down, from the WAL alone, when the WAL holds the
+        thread's whole history; else `error` is raised.
+
+        - The WAL never saw the thread: it is read as new (nothing), as the write path
+          treats it when Postgres cannot say (its first entry then jumps): a graph on a
+          new thread runs through an outage. A thread that only Postgres holds (written
+          before the switch, or flushed and expired from the stream) reads as new too
+          until Postgres is back: see docs/how-to/langgraph.md.
+        - Its entries since the start of its chain are all in the stream (the chain
+          starts at seq 1, or with a jump made while Postgres was down) and none of them
+          is a logical operation (runs, prune, copy): they are folded on nothing.
+        """
+        hot = await self._log.hot(thread_id)
+        if hot is None:
+            self._stats["wal_only_reads"] += 1
+            return []
+        record = hot.record
+        if record.chain_from < 1 or record.logical_seq >= record.chain_from:
+            raise error
+        try:
+            entries = await self._log.entries_between(thread_id, 0, record.seq, record)
+        except StoreError:
+            raise error from None  # part of the chain left the stream: Postgres holds it
+        if not entries or entries[0].seq != record.chain_from:
+            raise error
+        tail = overlay.fold(entries)
+        chosen = overlay.merge(
+            [],
+            tail,
+            thread_id,
+            ns=config["configurable"].get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config),
+            before_id=get_checkpoint_id(before) if before else None,
+            metadata_filter=flt,
+            limit=limit,
+        )
+        self._stats["wal_only_reads"] += 1
+        return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
 
     def _to_tuple(self, value: dict[str, Any]) -> CheckpointTuple:
         parent = value["parent_checkpoint_id"]

@@ -101,12 +101,16 @@ class LangGraphSink:
     psycopg error that means "Postgres is not there" becomes `DatabaseUnavailableError`.
     """
 
-    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Connection], *, timeout_s: float = 30.0) -> None:
         self.pool = pool
+        self.timeout_s = timeout_s
+        """Longest wait for a pooled connection (`DatabaseUnavailableError` after it)."""
         self.transactions = 0
 
     @classmethod
-    async def open(cls, conninfo: str, *, min_size: int = 1, max_size: int = 8) -> LangGraphSink:
+    async def open(
+        cls, conninfo: str, *, min_size: int = 1, max_size: int = 8, timeout_s: float = 30.0
+    ) -> LangGraphSink:
         """A sink on a new pool (closed by `close`)."""
         pool = AsyncConnectionPool(
             conninfo,
@@ -121,7 +125,7 @@ class LangGraphSink:
         except psycopg_pool.PoolTimeout as exc:
             await pool.close()
             raise DatabaseUnavailableError(f"cannot connect to Postgres: {exc}") from exc
-        return cls(pool)
+        return cls(pool, timeout_s=timeout_s)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -130,7 +134,7 @@ class LangGraphSink:
     async def connection(self, what: str) -> AsyncIterator[Connection]:
         """A pooled connection; connection failures raise `DatabaseUnavailableError`."""
         try:
-            async with self.pool.connection() as conn:
+            async with self.pool.connection(timeout=self.timeout_s) as conn:
                 yield conn
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise DatabaseUnavailableError(f"{what}: {exc}") from exc
