@@ -496,16 +496,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             _, rows = await self.sink.read(
                 thread_id, where, params, limit=limit + len(tail.checkpoints)
             )
-        chosen = overlay.merge(
-            rows,
-            tail,
-            thread_id,
-            ns=config["configurable"].get("checkpoint_ns"),
-            checkpoint_id=get_checkpoint_id(config),
-            before_id=get_checkpoint_id(before) if before else None,
-            metadata_filter=flt,
-            limit=limit,
-        )
+        chosen = self._merge(rows, tail, thread_id, config, flt, before, limit)
         blob_keys, write_keys = overlay.wanted(chosen, tail)
         if tail.deleted:
             stored_blobs: dict[overlay.BlobKey, tuple[str, bytes | None]] = {}
@@ -554,8 +545,23 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         if not entries or entries[0].seq != record.chain_from:
             raise error
         tail = overlay.fold(entries)
-        chosen = overlay.merge(
-            [],
+        chosen = self._merge([], tail, thread_id, config, flt, before, limit)
+        self._stats["wal_only_reads"] += 1
+        return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
+
+    @staticmethod
+    def _merge(
+        rows: list[dict[str, Any]],
+        tail: overlay.Tail,
+        thread_id: str,
+        config: RunnableConfig,
+        flt: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[dict[str, Any]]:
+        """`overlay.merge` with the read's selection taken from its arguments."""
+        return overlay.merge(
+            rows,
             tail,
             thread_id,
             ns=config["configurable"].get("checkpoint_ns"),
@@ -564,8 +570,6 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             metadata_filter=flt,
             limit=limit,
         )
-        self._stats["wal_only_reads"] += 1
-        return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
 
     def _to_tuple(self, value: dict[str, Any]) -> CheckpointTuple:
         parent = value["parent_checkpoint_id"]
