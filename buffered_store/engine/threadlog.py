@@ -26,8 +26,14 @@ from buffered_store.engine.entries import (
 )
 from buffered_store.engine.flushing import ApplyStatus, FlushSink
 from buffered_store.engine.keys import flushed_key, hot_key, thread_from_subject, wal_subject
+from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import StoredMsg, Wal
-from buffered_store.errors import ConflictError, CorruptEntryError, StoreError
+from buffered_store.errors import (
+    ConflictError,
+    CorruptEntryError,
+    FlushTimeoutError,
+    StoreError,
+)
 
 log = logging.getLogger("buffered_store.engine.threadlog")
 
@@ -284,6 +290,45 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
+
+
+async def force_flush(
+    log_: ThreadLog[E, H], target: FlushSink[E], thread_id: str, *, timeout_s: float
+) -> int:
+    """`flush_thread` within `timeout_s` seconds (`FlushTimeoutError` after it)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await flush_thread(log_, target, thread_id)
+    except TimeoutError as exc:
+        raise FlushTimeoutError(
+            f"force_flush of thread {thread_id!r} did not complete within {timeout_s}s",
+            thread_id=thread_id,
+        ) from exc
+
+
+async def force_flush_all(
+    log_: ThreadLog[E, H],
+    target: FlushSink[E],
+    pending: PendingIndex[H],
+    *,
+    timeout_s: float,
+    parallel: int,
+) -> int:
+    """Flush every thread with unflushed entries, `parallel` at a time, within `timeout_s`
+    seconds (`FlushTimeoutError` after it); returns how many threads were flushed."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            threads = [p.thread_id for p in await pending.scan()]
+            gate = asyncio.Semaphore(parallel)
+
+            async def one(thread_id: str) -> None:
+                async with gate:
+                    await flush_thread(log_, target, thread_id)
+
+            await asyncio.gather(*(one(t) for t in threads))
+            return len(threads)
+    except TimeoutError as exc:
+        raise FlushTimeoutError(f"force_flush_all did not complete within {timeout_s}s") from exc
 
 
 def group_by_thread(entries: Sequence[E]) -> dict[str, list[E]]:

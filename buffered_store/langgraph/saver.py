@@ -32,10 +32,9 @@ from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import Wal
-from buffered_store.engine.threadlog import flush_thread
+from buffered_store.engine.threadlog import flush_thread, force_flush, force_flush_all
 from buffered_store.errors import (
     DatabaseUnavailableError,
-    FlushTimeoutError,
     PayloadTooLargeError,
     StoreClosedError,
     StoreError,
@@ -385,32 +384,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._check_open()
         check_text(thread_id, "thread_id")
         self._stats["inline_flushes"] += 1
-        try:
-            async with asyncio.timeout(timeout):
-                return await flush_thread(self._log, self.sink, thread_id)
-        except TimeoutError as exc:
-            raise FlushTimeoutError(
-                f"force_flush of thread {thread_id!r} did not complete within {timeout}s",
-                thread_id=thread_id,
-            ) from exc
+        return await force_flush(self._log, self.sink, thread_id, timeout_s=timeout)
 
     async def force_flush_all(self, *, timeout: float = 60.0) -> int:  # noqa: ASYNC109
         """Flush every thread with unflushed entries; returns how many were flushed.
         Afterwards AsyncPostgresSaver reads exactly what this saver reads."""
         self._check_open()
-        try:
-            async with asyncio.timeout(timeout):
-                threads = [p.thread_id for p in await self._pending.scan()]
-                gate = asyncio.Semaphore(8)
-
-                async def one(thread_id: str) -> None:
-                    async with gate:
-                        await flush_thread(self._log, self.sink, thread_id)
-
-                await asyncio.gather(*(one(t) for t in threads))
-                return len(threads)
-        except TimeoutError as exc:
-            raise FlushTimeoutError(f"force_flush_all did not complete within {timeout}s") from exc
+        return await force_flush_all(
+            self._log, self.sink, self._pending, timeout_s=timeout, parallel=8
+        )
 
     # -- reads ----------------------------------------------------------------------------
 

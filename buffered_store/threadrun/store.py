@@ -23,13 +23,12 @@ from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
-from buffered_store.engine.threadlog import ThreadLog, flush_thread
+from buffered_store.engine.threadlog import ThreadLog, flush_thread, force_flush, force_flush_all
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
     ConflictError,
     DatabaseUnavailableError,
-    FlushTimeoutError,
     PayloadTooLargeError,
     StoreClosedError,
     StoreError,
@@ -708,31 +707,14 @@ class BufferedThreadRunStore:
         """
         self._check_open()
         check_id(thread_id, "thread_id")
-        try:
-            async with asyncio.timeout(timeout):
-                return await flush_thread(self._log, self.target, thread_id)
-        except TimeoutError as exc:
-            raise FlushTimeoutError(
-                f"force_flush of thread {thread_id!r} did not complete within {timeout}s",
-                thread_id=thread_id,
-            ) from exc
+        return await force_flush(self._log, self.target, thread_id, timeout_s=timeout)
 
     async def force_flush_all(self, *, timeout: float = 60.0) -> int:  # noqa: ASYNC109
         """Flush every thread with unflushed entries; returns how many were flushed."""
         self._check_open()
-        try:
-            async with asyncio.timeout(timeout):
-                threads = [p.thread_id for p in await self._pending.scan()]
-                gate = asyncio.Semaphore(16)
-
-                async def one(thread_id: str) -> None:
-                    async with gate:
-                        await flush_thread(self._log, self.target, thread_id)
-
-                await asyncio.gather(*(one(t) for t in threads))
-                return len(threads)
-        except TimeoutError as exc:
-            raise FlushTimeoutError(f"force_flush_all did not complete within {timeout}s") from exc
+        return await force_flush_all(
+            self._log, self.target, self._pending, timeout_s=timeout, parallel=16
+        )
 
     async def flush_status(self, thread_id: str) -> FlushStatus:
         """Latest acknowledged and flushed seqs of a thread."""
