@@ -199,6 +199,32 @@ def chain_after(entries: Iterable[E], seq: int) -> list[E]:
 
 
 @dataclass(frozen=True, slots=True)
+class HotHead:
+    """The engine's fields of a thread's hot record after an entry (see `HotView`)."""
+
+    seq: int
+    stream_seq: int
+    recent: tuple[tuple[int, int], ...]
+    deleted_seq: int
+    chain_from: int
+    follows: bool
+    """The entry continued the previous record's chain (seq + 1, no jump): what the
+    front-end's summary carried over stays valid."""
+
+
+def advance_head(
+    previous: HotView | None, entry: Entry, stream_seq: int, *, window: int
+) -> HotHead:
+    """The engine's part of the hot record after `entry` was stored at `stream_seq`: the
+    last `window` (seq, stream seq) pairs, the latest delete, the chain's first seq."""
+    recent = ((previous.recent if previous else ()) + ((entry.seq, stream_seq),))[-window:]
+    follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
+    deleted_seq = entry.seq if entry.deletes else (previous.deleted_seq if previous else 0)
+    chain_from = previous.chain_from if previous is not None and follows else entry.seq
+    return HotHead(entry.seq, stream_seq, recent, deleted_seq, chain_from, follows)
+
+
+@dataclass(frozen=True, slots=True)
 class FlushedMark:
     """The thread's flushed watermark in KV (`f.<thread>`), raised after each commit."""
 

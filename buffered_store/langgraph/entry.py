@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from buffered_store.engine.entries import Header, header_json, parse_entry
+from buffered_store.engine.entries import Header, advance_head, header_json, parse_entry
 from buffered_store.errors import CorruptEntryError
 
 KINDS = frozenset({"put", "w", "del", "runs", "prune", "copy", "claim"})
@@ -114,24 +114,19 @@ class LgHot:
 
 
 def advance_hot(previous: LgHot | None, entry: LgEntry, stream_seq: int, *, window: int) -> LgHot:
-    recent = ((previous.recent if previous else ()) + ((entry.seq, stream_seq),))[-window:]
-    follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
-    chain_from = previous.chain_from if previous is not None and follows else entry.seq
-    deleted_seq = previous.deleted_seq if previous else 0
+    head = advance_head(previous, entry, stream_seq, window=window)
     owner = previous.owner if previous else None
     logical = previous.logical_seq if previous else 0
-    if entry.kind == "del":
-        deleted_seq = entry.seq
     if entry.kind == "claim":
         owner = entry.body.get("owner")
     if entry.kind not in SIMPLE_KINDS:
         logical = entry.seq
     return LgHot(
-        seq=entry.seq,
-        stream_seq=stream_seq,
-        recent=recent,
-        deleted_seq=deleted_seq,
-        chain_from=chain_from,
+        seq=head.seq,
+        stream_seq=head.stream_seq,
+        recent=head.recent,
+        deleted_seq=head.deleted_seq,
+        chain_from=head.chain_from,
         owner=owner,
         logical_seq=logical,
     )

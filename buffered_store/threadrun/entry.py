@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from buffered_store.engine.entries import Header, header_json, parse_entry
+from buffered_store.engine.entries import Header, advance_head, header_json, parse_entry
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.messages import apply_delta, canonical_objects, decode_message
@@ -238,14 +238,11 @@ def advance_hot(
     previous: HotRecord | None, entry: WalEntry, stream_seq: int, *, window: int
 ) -> HotRecord:
     """The hot record after `entry` was stored at `stream_seq`."""
-    recent = (previous.recent if previous else ()) + ((entry.seq, stream_seq),)
-    follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
-    runs = previous.runs if previous is not None and follows else ()
-    runs_from = previous.runs_from if previous is not None and follows else entry.seq
-    deleted_seq = previous.deleted_seq if previous is not None else 0
-    chain_from = previous.chain_from if previous is not None and follows else entry.seq
+    head = advance_head(previous, entry, stream_seq, window=window)
+    runs = previous.runs if previous is not None and head.follows else ()
+    runs_from = previous.runs_from if previous is not None and head.follows else entry.seq
     if entry.kind is EntryKind.DELETE:
-        runs, runs_from, deleted_seq = (), entry.seq, entry.seq
+        runs, runs_from = (), entry.seq
     elif entry.run is not None:
         run_id = entry.run.run_id
         others = tuple(item for item in runs if item[0].run_id != run_id)
@@ -257,14 +254,14 @@ def advance_hot(
             dropped = max(seq for _, seq in runs[RUNS_WINDOW:])
             runs, runs_from = runs[:RUNS_WINDOW], max(runs_from, dropped + 1)
     return HotRecord(
-        seq=entry.seq,
-        stream_seq=stream_seq,
+        seq=head.seq,
+        stream_seq=head.stream_seq,
         thread=entry.thread,
-        recent=recent[-window:],
+        recent=head.recent,
         runs=runs,
         runs_from=runs_from,
-        deleted_seq=deleted_seq,
-        chain_from=chain_from,
+        deleted_seq=head.deleted_seq,
+        chain_from=head.chain_from,
     )
 
 
