@@ -24,6 +24,7 @@ from nats.aio.client import NO_RESPONDERS_STATUS, Client, RawCredentials
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
+    DEFAULT_PREFIX,
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
@@ -53,8 +54,10 @@ T = TypeVar("T")
 
 SCAN_DIRECT_GETS = 8
 """Hot records a scan reads with direct gets before it sets up a consumer for the rest."""
-SCAN_BATCH = 512
-"""Messages per fetch of a scan's consumer."""
+SCAN_BATCH = 2048
+"""Messages per pull request of a scan's consumer."""
+_NOTHING_MORE = frozenset({"404", "408"})
+"""Statuses that end a `no_wait` pull request normally: no message (left) to deliver."""
 SCAN_CONSUMER_IDLE_S = 30.0
 """The server deletes a scan's consumer left behind (its scanner died) after this long."""
 
@@ -574,33 +577,75 @@ class NatsWal:
             ),
         )
         assert info.name is not None
-        found: list[StoredMsg] = []
         try:
-            if info.num_pending:
-                sub = await self._js.pull_subscribe_bind(consumer=info.name, stream=stream)
-                try:
-                    done = False
-                    seq = from_seq - 1
-                    while not done:
-                        # Never ask for more than the range holds: no batch overshoots it.
-                        size = SCAN_BATCH if not last else max(1, min(SCAN_BATCH, last - seq))
-                        try:
-                            batch = await sub.fetch(size, timeout=self.config.request_timeout_s)
-                        except nats.errors.TimeoutError:
-                            break  # the last pending ones were superseded meanwhile
-                        for msg in batch:
-                            seq = msg.metadata.sequence.stream
-                            if last and seq > last:
-                                done = True
-                                break
-                            if msg.data:
-                                found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
-                            done = msg.metadata.num_pending == 0 or seq == last
-                finally:
-                    await sub.unsubscribe()
+            if not info.num_pending:
+                return []
+            return await self._pull_all(stream, info.name, from_seq, head, last)
         finally:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self._js.delete_consumer(stream, info.name)
+
+    async def _pull_all(
+        self, stream: str, consumer: str, from_seq: int, head: str, last: int
+    ) -> list[StoredMsg]:
+        """Drain an ack-less consumer through one inbox: pull requests of `SCAN_BATCH`
+        answered into a subscription callback, no per-message waiting (a quarter of the
+        client CPU of `fetch`). Stops at `last` (0: where the stream ended when the
+        consumer was made)."""
+        found: list[StoredMsg] = []
+        seq = from_seq - 1
+        done = False
+        batch_over = asyncio.Event()
+        received = 0
+        refused = ""
+
+        async def on_msg(msg: Msg) -> None:
+            nonlocal seq, done, received, refused
+            headers = msg.headers or {}
+            status = headers.get(Header.STATUS.value)
+            if status:
+                if status not in _NOTHING_MORE:  # e.g. 409: the consumer went away
+                    refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}"
+                done = True
+                batch_over.set()
+                return
+            meta = msg.metadata
+            received += 1
+            seq = meta.sequence.stream
+            if last and seq > last:
+                done = True
+            elif msg.data:
+                found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
+            if meta.num_pending == 0 or (last and seq >= last):
+                done = True
+            if done or received >= wanted:
+                batch_over.set()
+
+        subject = f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        wanted = 0
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(
+            inbox, cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0
+        )
+        try:
+            while not done:
+                # Never ask for more than the range holds: no batch overshoots it.
+                wanted = SCAN_BATCH if not last else max(1, min(SCAN_BATCH, last - seq))
+                received = 0
+                batch_over.clear()
+                request = orjson.dumps({"batch": wanted, "no_wait": True})
+                await self._nc.publish(subject, request, reply=inbox)
+                try:
+                    await asyncio.wait_for(batch_over.wait(), self.config.request_timeout_s)
+                except TimeoutError:
+                    if not received:
+                        break  # the last pending ones were superseded meanwhile
+                    # A slow batch: ask again for what is still missing.
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        if refused:  # never a silently shortened scan
+            raise WalUnavailableError(f"consumer scan of {stream} interrupted: {refused.strip()}")
         return found
 
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:

@@ -34,6 +34,7 @@ from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import WalUnavailableError
 from buffered_store.nats import NatsWal
+from buffered_store.nats import wal as nats_wal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
@@ -889,8 +890,42 @@ async def test_deleted_consumer_is_created_again_and_flushing_resumes(
     await service.wait_idle()
 
 
-async def test_read_range_returns_a_slice_of_the_stream_in_order(wal: Any, writer: Writer) -> None:
-    """`Wal.read_range` (the Spark overlay's tail read) over more than two batches."""
+async def test_a_scan_cut_short_by_the_server_raises_instead_of_returning_less(
+    wal: Any, writer: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status other than "no more messages" (a 409 when the consumer goes away) ends a
+    consumer scan with `WalUnavailableError`, never with a silently shorter list."""
+    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 2)
+    seqs = [await writer.raw("t0", f"p{i}".encode()) for i in range(6)]
+    client = wal._nc  # the test speaks to the scan's inbox directly
+    inboxes: list[str] = []
+    new_inbox = client.new_inbox
+
+    def recording_inbox() -> str:
+        inboxes.append(new_inbox())
+        return inboxes[-1]
+
+    original_publish = client.publish
+
+    async def publish(subject: str, payload: bytes = b"", **kwargs: Any) -> None:
+        await original_publish(subject, payload, **kwargs)
+        if ".CONSUMER.MSG.NEXT." in subject and inboxes:  # after the first pull request
+            await original_publish(inboxes[-1], b"", headers={"Status": "409"})
+
+    monkeypatch.setattr(client, "new_inbox", recording_inbox)
+    monkeypatch.setattr(client, "publish", publish)
+    with pytest.raises(WalUnavailableError, match="interrupted: 409"):
+        await wal.read_range(seqs[0], seqs[-1])
+    monkeypatch.undo()
+    assert [m.seq for m in await wal.read_range(seqs[0], seqs[-1])] == seqs
+
+
+async def test_read_range_returns_a_slice_of_the_stream_in_order(
+    wal: Any, writer: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Wal.read_range` (the Spark overlay's tail read) over more than two pull requests,
+    the last one cut short by the range's end."""
+    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 256)
     seqs = [await writer.raw(f"t{i % 3}", f"p{i}".encode()) for i in range(1200)]
     got = await wal.read_range(seqs[5], seqs[1100])
     assert [m.seq for m in got] == seqs[5:1101]
