@@ -274,7 +274,8 @@ def _reads_section(
         f": plain {verdict(figures['plain_rows_as_expected'])}, {rows}. Pending entries "
         f"(expected {pending_entries:,}): {entries}. The restarted-writer data set's table "
         f"read plainly (unmeasured): {'the same rows as' if alike else 'DIFFERENT from'} the "
-        "warm one's. The overlay time includes reading the WAL tail on the executors.",
+        "warm one's. The overlay time includes reading the WAL tail (by the driver up to "
+        "`DRIVER_TAIL_MAX_ENTRIES`, else on the executors).",
         "",
         f"Warm writers: {TAILS['warm']['how']}. Restarted writers: {TAILS['restarted']['how']} "
         f"(every writer restarted right before the job). WAL tails: {written}.",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import nats
 import pytest
 from pyspark.sql import SparkSession
 
@@ -14,6 +16,7 @@ from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
 from buffered_store.spark.overlay import read_tables, read_wal_tail
 from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.records import RunRecord, RunStatus
+from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.spark.conftest import StoreEnv, spark_view, store_view
 
 # The first Spark test of a run also starts the session and the Python workers.
@@ -222,16 +225,73 @@ async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
     assert by_driver.entry_count == by_executors.entry_count == 6
 
 
+async def pending_and_flushed(store: BufferedThreadRunStore, threads: int) -> None:
+    """Threads ``t0``.. with pending checkpoints; ``t1`` flushed, then checkpointed again."""
+    for i in range(threads):
+        await store.checkpoint(f"t{i}", make_messages(i + 2), make_run(f"t{i}", f"r{i}"))
+    await store.force_flush("t1")
+    await store.checkpoint("t1", make_messages(1), make_run("t1", "r1", steps=2))
+
+
 async def test_a_large_overlay_stored_on_the_executors_reads_the_same(
     env: StoreEnv, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An overlay past `LOCAL_OVERLAY_MAX_BYTES` is materialised by `localCheckpoint`
     instead of staying a driver-local relation; the tables read are the same."""
-    store = env.store
-    for i in range(4):
-        await store.checkpoint(f"t{i}", make_messages(i + 2), make_run(f"t{i}", f"r{i}"))
-    await store.force_flush("t1")
-    await store.checkpoint("t1", make_messages(1), make_run("t1", "r1", steps=2))
+    await pending_and_flushed(env.store, 4)
     local = spark_view(read_tables(spark, env.source))
     monkeypatch.setattr(overlay, "LOCAL_OVERLAY_MAX_BYTES", 0)
     assert spark_view(read_tables(spark, env.source)) == local
+
+
+async def test_custom_predicates_read_the_same_tables(env: StoreEnv, spark: SparkSession) -> None:
+    """Predicates of the caller's own split the reads, the overlay's included: the same
+    tables as with the default hash buckets."""
+    store = env.store
+    await pending_and_flushed(store, 6)
+    by_hash = spark_view(read_tables(spark, env.source))
+    ranges = ("thread_id < 't2'", "thread_id >= 't2' AND thread_id < 't4'", "thread_id >= 't4'")
+    custom = dataclasses.replace(
+        env.source, jdbc=dataclasses.replace(env.source.jdbc, predicates=ranges)
+    )
+    assert spark_view(read_tables(spark, custom)) == by_hash == await store_view(store)
+
+
+async def test_messages_that_look_like_sql_or_quoting_pass_through_unchanged(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    """Message text that looks like SQL, JDBC placeholders or quoting reaches Spark
+    unchanged, from the WAL tail as from Postgres."""
+    tricky: list[dict[str, object]] = [
+        {"role": "user", "content": "$bufstore$'; DROP TABLE messages; --"},
+        {"role": "assistant", "content": "what? ?? {? } $$ $1 \\ \" '' \u00e9 🚀"},
+        {"role": "tool", "content": {"nested": ["$bufstore_0$", None, 1.5, True]}},
+    ]
+    await env.store.checkpoint("q", tricky, make_run("q", "rq", output={"sql": "';--"}))
+    view = spark_view(read_tables(spark, env.source))
+    assert view.messages["q"] == tricky
+    assert view == await store_view(env.store)
+
+
+async def test_entries_missing_from_the_tail_fail_the_job_naming_the_thread(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    """An entry neither flushed nor in the tail (here removed from the stream, as a
+    quarantine would) must fail the read, never show the thread without it."""
+    store = env.store
+    await store.checkpoint("gap", make_messages(2), make_run("gap", "rg"))
+    await store.force_flush("gap")
+    await store.checkpoint("gap", make_messages(3), make_run("gap", "rg"))
+    await store.checkpoint("gap", make_messages(4), make_run("gap", "rg"))
+    await store.checkpoint("fine", make_messages(1), make_run("fine", "rf"))
+    nc = await nats.connect(env.config.nats_url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(env.config.stream_name)).state.last_seq
+        await js.delete_msg(env.config.stream_name, last - 2)  # "gap" seq 2
+    finally:
+        await nc.close()
+    tables = read_tables(spark, env.source)
+    for frame in (tables.threads, tables.messages, tables.runs):
+        with pytest.raises(Exception, match="thread gap: entries after seq 1 are neither"):
+            frame.collect()
