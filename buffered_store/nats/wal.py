@@ -66,6 +66,31 @@ MSG_ID = "Nats-Msg-Id"
 WRONG_LAST_SEQUENCE = 10071
 KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
 """Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
+NO_RESPONDERS_FIRST_WAIT_S = 0.005
+NO_RESPONDERS_MAX_WAIT_S = 0.1
+"""A request that found nobody listening is sent again after these waits (doubling)."""
+
+
+async def until_answered(send: Callable[[], Awaitable[Msg]], budget_s: float) -> Msg:
+    """The reply `send()` gets, sending again while the server answers "no responders",
+    for up to `budget_s` seconds (then `NoRespondersError`).
+
+    Nobody received such a request, so sending it again cannot store anything twice. On a
+    cluster a stream or bucket that was just created answers this way until the node the
+    client talks to has learnt where it lives, and a replicated one while it elects a
+    leader: a short wait turns those moments into a slower call instead of a failure.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + budget_s
+    wait = NO_RESPONDERS_FIRST_WAIT_S
+    while True:
+        try:
+            return await send()
+        except nats.errors.NoRespondersError:
+            if loop.time() + wait > give_up:
+                raise
+        await asyncio.sleep(wait)
+        wait = min(2 * wait, NO_RESPONDERS_MAX_WAIT_S)
 
 
 @asynccontextmanager
@@ -194,14 +219,19 @@ class NatsWal:
 
     def _count_requests(self) -> None:
         # Every JetStream call (publish, direct get, KV update) is one nc.request: counting
-        # here measures round trips without touching the callers.
-        original: Callable[..., Awaitable[Any]] = self._nc.request
+        # here measures round trips without touching the callers, and sending again a
+        # request nobody listened to (`until_answered`) covers them all.
+        original: Callable[..., Awaitable[Msg]] = self._nc.request
+        default_budget_s = self.config.request_timeout_s
 
-        async def counting_request(subject: str, *args: Any, **kwargs: Any) -> Any:
-            self.requests += 1
-            if self._recorded is not None:
-                self._recorded.append(subject)
-            return await original(subject, *args, **kwargs)
+        async def counting_request(subject: str, *args: Any, **kwargs: Any) -> Msg:
+            async def send() -> Msg:
+                self.requests += 1
+                if self._recorded is not None:
+                    self._recorded.append(subject)
+                return await original(subject, *args, **kwargs)
+
+            return await until_answered(send, kwargs.get("timeout") or default_budget_s)
 
         self._nc.request = counting_request  # type: ignore[method-assign]
 
@@ -472,11 +502,14 @@ class NatsWal:
         """`JetStreamContext.publish` on the hot path, minus its layers: one request on
         the connection's reply inbox and the ack parsed with orjson. Errors are nats-py's
         own, for `translated`."""
-        self.requests += 1
+        timeout_s = self.config.request_timeout_s
+
+        async def send() -> Msg:
+            self.requests += 1
+            return await self._replies.request(subject, payload, headers, timeout_s=timeout_s)
+
         try:
-            msg = await self._replies.request(
-                subject, payload, headers, timeout_s=self.config.request_timeout_s
-            )
+            msg = await until_answered(send, timeout_s)
         except nats.errors.NoRespondersError:
             raise jse.NoStreamResponseError from None
         ack = orjson.loads(msg.data)

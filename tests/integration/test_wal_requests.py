@@ -1,20 +1,31 @@
 """`ReplyInbox`, the request/reply of the write path's two round trips: every reply
 reaches its own request, and failures come out as nats-py's `Client.request` raises
-them (so `translated` maps them to our errors as before)."""
+them (so `translated` maps them to our errors as before). A request nobody listens to
+is sent again until someone does or its time is up (`until_answered`), on every request
+`NatsWal` makes."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import nats
 import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
 
-from buffered_store.nats.wal import ReplyInbox
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.engine.keys import hot_key
+from buffered_store.engine.ports import KvValue
+from buffered_store.errors import WalUnavailableError
+from buffered_store.nats import NatsWal
+from buffered_store.nats.wal import ReplyInbox, until_answered
+from tests.integration.conftest import ConfigFactory, jetstream
 
 
 @pytest.fixture
@@ -46,6 +57,106 @@ async def test_a_subject_nobody_serves_raises_no_responders(nc: Client) -> None:
     inbox = ReplyInbox(nc)
     with pytest.raises(nats.errors.NoRespondersError):
         await inbox.request("rq.nobody", b"x", {"X-Tag": "t"}, timeout_s=5)
+
+
+async def test_until_answered_sends_again_while_nobody_listens_then_gives_up(
+    nc: Client,
+) -> None:
+    inbox = ReplyInbox(nc)
+    sent = 0
+
+    async def send() -> Msg:
+        nonlocal sent
+        sent += 1
+        return await inbox.request("rq.nobody", b"x", {"X-Tag": "t"}, timeout_s=5)
+
+    with pytest.raises(nats.errors.NoRespondersError):
+        await until_answered(send, 0.3)
+    assert sent > 2
+
+
+async def test_a_request_sent_before_anyone_listens_gets_the_first_listeners_reply(
+    nc: Client,
+) -> None:
+    """What a stream just created on a cluster looks like to a client: "no responders"
+    for a moment, then an answer."""
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"here:" + msg.data)
+
+    async def listen_later() -> None:
+        await asyncio.sleep(0.15)
+        await nc.subscribe("rq.late", cb=answer)
+
+    listening = asyncio.create_task(listen_later())
+    inbox = ReplyInbox(nc)
+    reply = await until_answered(
+        lambda: inbox.request("rq.late", b"x", {"X-Tag": "t"}, timeout_s=5), 5
+    )
+    await listening
+    assert reply.data == b"here:x"
+
+
+async def test_the_wal_waits_for_a_stream_and_a_bucket_that_appear_while_it_asks(
+    config: BufferedStoreConfig,
+) -> None:
+    """Writes and reads through `NatsWal` (its own reply inbox and nats-py's request path
+    alike) succeed when the stream or bucket shows up within the request timeout."""
+    wal = await NatsWal.connect(config)
+    subject = f"{config.stream_name}.t.x"
+    try:
+        async with jetstream(config) as js:
+            stream = (await js.stream_info(config.stream_name)).config
+            bucket = (await js.stream_info(f"KV_{config.hot_bucket}")).config
+            await js.delete_stream(config.stream_name)
+            await js.delete_stream(f"KV_{config.hot_bucket}")
+            async with reappearing(js, stream, bucket):
+                published, revision = await asyncio.gather(
+                    wal.publish(subject, b"e", msg_id="m", expected_last_subject_seq=0),
+                    wal.kv_put(hot_key("x"), b"h"),
+                )
+            assert published == (1, False)
+            assert revision == 1
+            assert (await wal.kv_get(hot_key("x"))) == KvValue(b"h", 1)
+            await js.delete_stream(f"KV_{config.hot_bucket}")
+            async with reappearing(js, bucket):
+                assert (await wal.kv_get(hot_key("x"))) is None  # the new bucket is empty
+    finally:
+        await wal.close()
+
+
+@asynccontextmanager
+async def reappearing(js: JetStreamContext, *streams: StreamConfig) -> AsyncIterator[None]:
+    """Create `streams` 150 ms after the body starts (and wait for that at its end)."""
+
+    async def later() -> None:
+        await asyncio.sleep(0.15)
+        for stream in streams:
+            await js.add_stream(stream)
+
+    task = asyncio.create_task(later())
+    try:
+        yield
+    finally:
+        await task
+
+
+async def test_the_wal_gives_up_on_a_stream_that_never_appears(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(request_timeout_s=0.3)
+    wal = await NatsWal.connect(config)
+    try:
+        async with jetstream(config) as js:
+            await js.delete_stream(config.stream_name)
+        before = wal.requests
+        with pytest.raises(WalUnavailableError):
+            await wal.publish(
+                f"{config.stream_name}.t.x", b"e", msg_id="m1", expected_last_subject_seq=0
+            )
+        assert wal.requests - before > 2, "sent again while nobody listened"
+    finally:
+        await wal.close()
 
 
 async def test_an_unanswered_request_times_out_and_its_late_reply_is_dropped(
