@@ -13,9 +13,19 @@ from collections.abc import Iterator
 import pytest
 
 from buffered_store.dev.cluster import NatsCluster
-from buffered_store.dev.services import DevServiceError, Services, start_services
+from buffered_store.dev.services import (
+    DevServiceError,
+    Services,
+    start_services,
+    stop_on_sigterm,
+)
 
 _SERVICE_FIXTURES = frozenset({"services", "nats_url", "database_url", "nats_cluster"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test run ended with SIGTERM (a CI time limit, ``timeout``) stops its servers."""
+    stop_on_sigterm()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

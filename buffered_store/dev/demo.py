@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import Services, start_services
+from buffered_store.dev.services import Services, start_services, stop_on_sigterm
 from buffered_store.engine.ids import utcnow
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
@@ -386,4 +386,5 @@ async def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(asyncio.run(main()))

@@ -89,6 +89,7 @@ __all__ = [
     "running_services",
     "services_mode",
     "start_services",
+    "stop_on_sigterm",
     "tail_text",
     "to_libpq_url",
     "to_sqlalchemy_url",
@@ -480,6 +481,25 @@ def _close_all() -> None:
             obj.close()
         except Exception as exc:  # keep closing the others
             say(f"cleanup of {obj!r} failed: {exc}")
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop every server this process started, then end the process as the
+    signal would have.
+
+    The servers run in sessions of their own (a terminal's Ctrl-C does not reach them)
+    and are stopped at interpreter exit; but SIGTERM, what CI runners and ``timeout``
+    send, ends a Python process without running ``atexit``, which left them running.
+    Call from the main thread (the test session and the demo do).
+    """
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        say("SIGTERM: stopping the servers this process started")
+        _close_all()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 # --------------------------------------------------------------------------------------------

@@ -266,3 +266,79 @@ def test_module_entry_point_prints_urls_and_cleans_up(tmp_path: Path) -> None:
     assert rc == 0
     assert not _port_open("127.0.0.1", nats_port)
     assert not _port_open("127.0.0.1", pg_port)
+
+
+def _own_env() -> dict[str, str]:
+    """This environment without the variables that point at existing servers."""
+    drop = ("NATS_URL", "DATABASE_URL", "BUFSTORE_SERVICES")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _terminate_and_check_servers_stop(command: list[str], cwd: Path | None = None) -> None:
+    """Run `command`, which prints ``PIDS <nats> <postgres>`` once its servers are up and
+    then waits; SIGTERM it; it must end by that signal with both servers gone."""
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_own_env(),
+        cwd=cwd,
+    )
+    pids: list[int] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "PIDS " in line:
+                pids = [int(p) for p in line.split("PIDS ", 1)[1].split()]
+                break
+        assert len(pids) == 2, "the child never reported its servers"
+        assert all(ds.pid_alive(pid) for pid in pids)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    left = [pid for pid in pids if ds.pid_alive(pid)]
+    for pid in left:  # an orphan of a failing run: stop it by its own PID
+        os.kill(pid, signal.SIGKILL)
+    assert rc == -signal.SIGTERM
+    assert left == [], "servers outlived the process that started them"
+
+
+def test_sigterm_stops_the_servers_a_process_started() -> None:
+    script = (
+        "import time\n"
+        "from buffered_store.dev.services import start_services, stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        "svc = start_services()\n"
+        "print('PIDS', svc.nats.pid, svc.postgres.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    _terminate_and_check_servers_stop([sys.executable, "-c", script])
+
+
+def test_sigterm_to_a_test_run_stops_its_servers(tmp_path: Path) -> None:
+    """The suite's own wiring (tests/conftest.py): pytest killed by a CI time limit."""
+    (tmp_path / "test_waits.py").write_text(
+        "import time\n"
+        "def test_waits(services):\n"
+        "    print('PIDS', services.nats.pid, services.postgres.pid, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    _terminate_and_check_servers_stop(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_waits.py"),
+        ],
+        cwd=root,
+    )
