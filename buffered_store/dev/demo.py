@@ -34,7 +34,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import Services, start_services, stop_on_sigterm
+from buffered_store.dev.services import (
+    Services,
+    register,
+    start_services,
+    stop_on_sigterm,
+    unregister,
+)
 from buffered_store.engine.ids import utcnow
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
@@ -196,7 +202,7 @@ async def run_buffered(
     )
     inner = await PostgresThreadRunStore.connect(services.database_url, schema=schema, migrate=True)
     first_xid = counters.next_xid()
-    flusher: subprocess.Popen[bytes] | None = None
+    flusher: ChildProcess | None = None
     try:
         async with BufferedThreadRunStore.connect(inner, config) as store:
             seconds, latencies = await drive(store, threads, steps, "buffered", "buffered")
@@ -236,7 +242,7 @@ async def run_buffered(
             )
             console.print(f"  flusher (pid {flusher.pid}) drained every thread")
             transactions = counters.next_xid() - first_xid
-            stop_process(flusher)
+            flusher.close()
             flusher = None
 
             console.rule("Spark run statistics over unflushed checkpoints")
@@ -245,7 +251,7 @@ async def run_buffered(
             await asyncio.to_thread(spark_run_stats, services, config, schema)
     finally:
         if flusher is not None:
-            stop_process(flusher)
+            flusher.close()
         await inner.close()
     return PhaseResult(
         "buffered (NATS WAL)",
@@ -284,9 +290,31 @@ def spark_run_stats(services: Services, config: BufferedStoreConfig, schema: str
         spark.stop()
 
 
-def start_flusher(
-    services: Services, config: BufferedStoreConfig, schema: str
-) -> subprocess.Popen[bytes]:
+class ChildProcess:
+    """A process the demo started, stopped by `close` (SIGTERM, then SIGKILL after 15 s),
+    also when the demo ends at interpreter exit or by SIGTERM (`stop_on_sigterm` closes
+    it before the servers it needs to drain)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        register(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        unregister(self)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_flusher(services: Services, config: BufferedStoreConfig, schema: str) -> ChildProcess:
     """`python -m flusher` as its own process, configured through the environment."""
     env = {
         **os.environ,
@@ -301,23 +329,14 @@ def start_flusher(
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bufstore-demo-flusher-{os.getpid()}.log"
     console.print(f"  starting: {sys.executable} -m flusher  (log: {log})")
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "flusher", "--database-url", services.database_url],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+        return ChildProcess(
+            subprocess.Popen(
+                [sys.executable, "-m", "flusher", "--database-url", services.database_url],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         )
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the flusher drains and exits), SIGKILL if it does not within 15 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def all_flushed(store: BufferedThreadRunStore, thread_ids: list[str]) -> bool:

@@ -275,8 +275,9 @@ def _own_env() -> dict[str, str]:
 
 
 def _terminate_and_check_servers_stop(command: list[str], cwd: Path | None = None) -> None:
-    """Run `command`, which prints ``PIDS <nats> <postgres>`` once its servers are up and
-    then waits; SIGTERM it; it must end by that signal with both servers gone."""
+    """Run `command`, which prints ``PIDS <pid>...`` (its servers', its children's) once
+    they are up and then waits; SIGTERM it; it must end by that signal with all of them
+    gone."""
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -292,7 +293,7 @@ def _terminate_and_check_servers_stop(command: list[str], cwd: Path | None = Non
             if "PIDS " in line:
                 pids = [int(p) for p in line.split("PIDS ", 1)[1].split()]
                 break
-        assert len(pids) == 2, "the child never reported its servers"
+        assert len(pids) >= 2, "the child never reported its servers"
         assert all(ds.pid_alive(pid) for pid in pids)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -301,7 +302,7 @@ def _terminate_and_check_servers_stop(command: list[str], cwd: Path | None = Non
     for pid in left:  # an orphan of a failing run: stop it by its own PID
         os.kill(pid, signal.SIGKILL)
     assert rc == -signal.SIGTERM
-    assert left == [], "servers outlived the process that started them"
+    assert left == [], "servers or children outlived the process that started them"
 
 
 def test_sigterm_stops_the_servers_a_process_started() -> None:
@@ -311,6 +312,23 @@ def test_sigterm_stops_the_servers_a_process_started() -> None:
         "stop_on_sigterm()\n"
         "svc = start_services()\n"
         "print('PIDS', svc.nats.pid, svc.postgres.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    _terminate_and_check_servers_stop([sys.executable, "-c", script])
+
+
+def test_sigterm_to_the_demo_stops_its_flusher_before_its_servers() -> None:
+    """The demo's flusher process is registered with the servers: SIGTERM stops it too
+    (first, while the servers it drains to are still up)."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from buffered_store.dev.demo import ChildProcess\n"
+        "from buffered_store.dev.services import start_services, stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        "svc = start_services()\n"
+        "child = ChildProcess(subprocess.Popen("
+        "[sys.executable, '-c', 'import time; time.sleep(600)']))\n"
+        "print('PIDS', svc.nats.pid, svc.postgres.pid, child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
     _terminate_and_check_servers_stop([sys.executable, "-c", script])
