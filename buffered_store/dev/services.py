@@ -458,7 +458,9 @@ class _Closable(Protocol):
 
 
 _LIVE: list[_Closable] = []
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()
+"""Reentrant: `stop_on_sigterm`'s handler runs `_close_all` in the main thread, possibly
+while that thread is inside `register` or `unregister`."""
 
 
 def register(obj: _Closable) -> None:

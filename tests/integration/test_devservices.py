@@ -297,7 +297,11 @@ def _terminate_and_check_servers_stop(command: list[str], cwd: Path | None = Non
         assert all(ds.pid_alive(pid) for pid in pids)
     finally:
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # hung in the handler: fail, leave nothing behind
+            proc.kill()
+            rc = proc.wait()
     left = [pid for pid in pids if ds.pid_alive(pid)]
     for pid in left:  # an orphan of a failing run: stop it by its own PID
         os.kill(pid, signal.SIGKILL)
@@ -313,6 +317,21 @@ def test_sigterm_stops_the_servers_a_process_started() -> None:
         "svc = start_services()\n"
         "print('PIDS', svc.nats.pid, svc.postgres.pid, flush=True)\n"
         "time.sleep(600)\n"
+    )
+    _terminate_and_check_servers_stop([sys.executable, "-c", script])
+
+
+def test_sigterm_while_the_registry_is_busy_still_stops_the_servers() -> None:
+    """The handler runs in the main thread, possibly while that thread is inside
+    `register`/`unregister` holding the registry's lock (white box: the script holds it)."""
+    script = (
+        "import time\n"
+        "from buffered_store.dev import services as ds\n"
+        "ds.stop_on_sigterm()\n"
+        "svc = ds.start_services()\n"
+        "with ds._LIVE_LOCK:\n"
+        "    print('PIDS', svc.nats.pid, svc.postgres.pid, flush=True)\n"
+        "    time.sleep(600)\n"
     )
     _terminate_and_check_servers_stop([sys.executable, "-c", script])
 
