@@ -304,14 +304,18 @@ class ChildProcess:
         return self.proc.pid
 
     def close(self) -> None:
-        unregister(self)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        # Registered until reaped: a SIGTERM while this waits for the drain closes it
+        # again (a second wait) before the servers, never the servers under it.
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            unregister(self)
 
 
 def start_flusher(services: Services, config: BufferedStoreConfig, schema: str) -> ChildProcess:

@@ -71,9 +71,10 @@ NO_RESPONDERS_MAX_WAIT_S = 0.1
 """A request that found nobody listening is sent again after these waits (doubling)."""
 
 
-async def until_answered(send: Callable[[], Awaitable[Msg]], budget_s: float) -> Msg:
-    """The reply `send()` gets, sending again while the server answers "no responders",
-    for up to `budget_s` seconds (then `NoRespondersError`).
+async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:
+    """The reply `send(timeout_s)` gets, sending again while the server answers "no
+    responders", all within `budget_s` seconds (then `NoRespondersError`): each send is
+    given only the time left.
 
     Nobody received such a request, so sending it again cannot store anything twice. On a
     cluster a stream or bucket that was just created answers this way until the node the
@@ -83,14 +84,24 @@ async def until_answered(send: Callable[[], Awaitable[Msg]], budget_s: float) ->
     loop = asyncio.get_running_loop()
     give_up = loop.time() + budget_s
     wait = NO_RESPONDERS_FIRST_WAIT_S
+    left = budget_s
     while True:
         try:
-            return await send()
+            return await send(left)
         except nats.errors.NoRespondersError:
-            if loop.time() + wait > give_up:
+            if loop.time() + wait >= give_up:
                 raise
         await asyncio.sleep(wait)
         wait = min(2 * wait, NO_RESPONDERS_MAX_WAIT_S)
+        left = max(give_up - loop.time(), NO_RESPONDERS_FIRST_WAIT_S)
+
+
+def may_appear(subject: str) -> bool:
+    """Whether "no responders" on `subject` can be a moment's state worth waiting out: a
+    stream's or bucket's subjects and its direct gets, yes; the rest of the JetStream API
+    (`$JS.API.`) is answered by every server with JetStream enabled, so there it means
+    JetStream is off, and the call fails at once."""
+    return not subject.startswith("$JS.API.") or subject.startswith("$JS.API.DIRECT.GET.")
 
 
 @asynccontextmanager
@@ -220,18 +231,22 @@ class NatsWal:
     def _count_requests(self) -> None:
         # Every JetStream call (publish, direct get, KV update) is one nc.request: counting
         # here measures round trips without touching the callers, and sending again a
-        # request nobody listened to (`until_answered`) covers them all.
+        # request nobody listened to (`until_answered`, where `may_appear`) covers them
+        # all. (The flusher's pull fetches are publishes, not requests: not retried.)
         original: Callable[..., Awaitable[Msg]] = self._nc.request
         default_budget_s = self.config.request_timeout_s
 
         async def counting_request(subject: str, *args: Any, **kwargs: Any) -> Msg:
-            async def send() -> Msg:
+            async def send(timeout_s: float) -> Msg:
                 self.requests += 1
                 if self._recorded is not None:
                     self._recorded.append(subject)
-                return await original(subject, *args, **kwargs)
+                return await original(subject, *args, **{**kwargs, "timeout": timeout_s})
 
-            return await until_answered(send, kwargs.get("timeout") or default_budget_s)
+            budget_s = kwargs.get("timeout") or default_budget_s
+            if not may_appear(subject):
+                return await send(budget_s)
+            return await until_answered(send, budget_s)
 
         self._nc.request = counting_request  # type: ignore[method-assign]
 
@@ -504,9 +519,9 @@ class NatsWal:
         own, for `translated`."""
         timeout_s = self.config.request_timeout_s
 
-        async def send() -> Msg:
+        async def send(left_s: float) -> Msg:
             self.requests += 1
-            return await self._replies.request(subject, payload, headers, timeout_s=timeout_s)
+            return await self._replies.request(subject, payload, headers, timeout_s=left_s)
 
         try:
             msg = await until_answered(send, timeout_s)

@@ -336,21 +336,37 @@ def test_sigterm_while_the_registry_is_busy_still_stops_the_servers() -> None:
     _terminate_and_check_servers_stop([sys.executable, "-c", script])
 
 
-def test_sigterm_to_the_demo_stops_its_flusher_before_its_servers() -> None:
-    """The demo's flusher process is registered with the servers: SIGTERM stops it too
-    (first, while the servers it drains to are still up)."""
+def test_sigterm_to_the_demo_stops_its_flusher_before_its_servers(tmp_path: Path) -> None:
+    """The demo's flusher process is registered with the servers: SIGTERM stops it too,
+    first, while the NATS server it drains to still answers (the child writes down
+    whether it did when its own SIGTERM came)."""
+    seen = tmp_path / "nats-at-child-sigterm"
+    child = (
+        "import signal, socket, sys, time\n"
+        "def stop(*_):\n"
+        "    up = socket.socket().connect_ex(('127.0.0.1', int(sys.argv[1]))) == 0\n"
+        "    open(sys.argv[2], 'w').write('up' if up else 'down')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
     script = (
         "import subprocess, sys, time\n"
         "from buffered_store.dev.demo import ChildProcess\n"
         "from buffered_store.dev.services import start_services, stop_on_sigterm\n"
         "stop_on_sigterm()\n"
         "svc = start_services()\n"
-        "child = ChildProcess(subprocess.Popen("
-        "[sys.executable, '-c', 'import time; time.sleep(600)']))\n"
+        "port = svc.nats_url.rsplit(':', 1)[1]\n"
+        f"proc = subprocess.Popen([sys.executable, '-c', {child!r}, port, {str(seen)!r}],"
+        " stdout=subprocess.PIPE)\n"
+        "proc.stdout.readline()\n"
+        "child = ChildProcess(proc)\n"
         "print('PIDS', svc.nats.pid, svc.postgres.pid, child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
     _terminate_and_check_servers_stop([sys.executable, "-c", script])
+    assert seen.read_text() == "up"
 
 
 def test_sigterm_to_a_test_run_stops_its_servers(tmp_path: Path) -> None:

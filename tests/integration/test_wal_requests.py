@@ -65,10 +65,10 @@ async def test_until_answered_sends_again_while_nobody_listens_then_gives_up(
     inbox = ReplyInbox(nc)
     sent = 0
 
-    async def send() -> Msg:
+    async def send(timeout_s: float) -> Msg:
         nonlocal sent
         sent += 1
-        return await inbox.request("rq.nobody", b"x", {"X-Tag": "t"}, timeout_s=5)
+        return await inbox.request("rq.nobody", b"x", {"X-Tag": "t"}, timeout_s=timeout_s)
 
     with pytest.raises(nats.errors.NoRespondersError):
         await until_answered(send, 0.3)
@@ -91,7 +91,7 @@ async def test_a_request_sent_before_anyone_listens_gets_the_first_listeners_rep
     listening = asyncio.create_task(listen_later())
     inbox = ReplyInbox(nc)
     reply = await until_answered(
-        lambda: inbox.request("rq.late", b"x", {"X-Tag": "t"}, timeout_s=5), 5
+        lambda left: inbox.request("rq.late", b"x", {"X-Tag": "t"}, timeout_s=left), 5
     )
     await listening
     assert reply.data == b"here:x"
