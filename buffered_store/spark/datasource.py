@@ -345,12 +345,12 @@ def entry_batch(items: Sequence[tuple[WalEntry, tuple[str, ...]]]) -> pa.RecordB
         "keep": [e.keep for e in entries],
         "jump": [e.jump for e in entries],
         "message_count": [e.message_count for e in entries],
-        "created_at": [None if e.deletes else (e.created_at or e.at) for e in entries],
+        "created_at": [None if e.deletes else e.thread_created_at for e in entries],
         "parent_thread_id": [None if e.deletes else e.parent_thread_id for e in entries],
         "metadata": [
             None if e.deletes else orjson.dumps(dict(e.metadata)).decode() for e in entries
         ],
-        "latest_run_id": [None if e.deletes or not e.run else e.run.run_id for e in entries],
+        "latest_run_id": [None if e.deletes else e.latest_run_id for e in entries],
         "run": run_column([e.run for e in entries]),
     }
     arrays = [

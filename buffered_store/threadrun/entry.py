@@ -65,6 +65,16 @@ class WalEntry:
         return self.kind is EntryKind.DELETE
 
     @property
+    def thread_created_at(self) -> datetime:
+        """The thread's creation time as this entry states it (its own time if unset)."""
+        return self.created_at or self.at
+
+    @property
+    def latest_run_id(self) -> str | None:
+        """The run this entry checkpoints, the thread's latest one."""
+        return self.run.run_id if self.run else None
+
+    @property
     def thread(self) -> Thread | None:
         """The thread summary at this seq (None for a delete)."""
         if self.kind is EntryKind.DELETE:
@@ -73,9 +83,9 @@ class WalEntry:
             thread_id=self.thread_id,
             parent_thread_id=self.parent_thread_id,
             metadata=self.metadata,
-            created_at=self.created_at or self.at,
+            created_at=self.thread_created_at,
             updated_at=self.at,
-            latest_run_id=self.run.run_id if self.run else None,
+            latest_run_id=self.latest_run_id,
             message_count=self.message_count,
         )
 
@@ -114,7 +124,7 @@ def encode_entry(entry: WalEntry) -> bytes:
             keep=entry.keep,
             n=entry.message_count,
             run=run_json(entry.run)[1] if entry.run else None,
-            c=(entry.created_at or entry.at).isoformat(),
+            c=entry.thread_created_at.isoformat(),
             p=entry.parent_thread_id,
             md=dict(entry.metadata),
         )

@@ -235,17 +235,12 @@ def test_containers_mode_without_docker_fails_clearly(monkeypatch: pytest.Monkey
 
 
 def test_module_entry_point_prints_urls_and_cleans_up(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("NATS_URL", "DATABASE_URL", "BUFSTORE_SERVICES")
-    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "buffered_store.dev.services"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=env,
+        env=_own_env(),
     )
     urls: dict[str, str] = {}
     try:
