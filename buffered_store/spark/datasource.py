@@ -40,6 +40,7 @@ from pyspark.sql.types import (
 
 from buffered_store.config import EngineConfig
 from buffered_store.engine.keys import thread_from_subject
+from buffered_store.engine.ports import StoredMsg
 from buffered_store.errors import ConfigError, CorruptEntryError
 from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import WalEntry, decode_entry_roles
@@ -307,8 +308,16 @@ async def read_entries(
     """Decodable thread entries with stream seq in ``[first, last]`` and their messages'
     roles, in stream order; skips what `ThreadLog.read_tail` skips (the flusher
     quarantines it). The range comes in batches (`Wal.read_range`)."""
+    return decode_messages(config, await wal.read_range(first, last))
+
+
+def decode_messages(
+    config: EngineConfig, messages: Iterable[StoredMsg]
+) -> list[tuple[WalEntry, tuple[str, ...]]]:
+    """`read_entries` once the messages are received: the decodable thread entries and
+    their messages' roles, in the messages' order."""
     out: list[tuple[WalEntry, tuple[str, ...]]] = []
-    for msg in await wal.read_range(first, last):
+    for msg in messages:
         thread_id = thread_from_subject(config.stream_name, msg.subject)
         if thread_id is None:
             continue

@@ -194,11 +194,18 @@ class WalTail:
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
     entry_count: int
     condensed: CondensedTable
-    overlay: DataFrame
-    """One row per pending thread (`OVERLAY_SCHEMA`)."""
-    run_versions: DataFrame
-    """Newest version of each run id of the tail (`RUN_VERSION_SCHEMA`)."""
     broadcast: bool = True
+
+    @cached_property
+    def overlay(self) -> DataFrame:
+        """One row per pending thread (`OVERLAY_SCHEMA`), made on first use."""
+        return _frame(self.spark, self.condensed.threads)
+
+    @cached_property
+    def run_versions(self) -> DataFrame:
+        """Newest version of each run id of the tail (`RUN_VERSION_SCHEMA`), made on
+        first use: only the runs read needs it."""
+        return _frame(self.spark, self.condensed.runs)
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -340,16 +347,7 @@ def read_wal_tail(
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
         entries = frame.load().toArrow()
-    condensed = condense_table(entries)
-    return WalTail(
-        spark,
-        bounds,
-        entries.num_rows,
-        condensed,
-        _frame(spark, condensed.threads),
-        _frame(spark, condensed.runs),
-        broadcast,
-    )
+    return WalTail(spark, bounds, entries.num_rows, condense_table(entries), broadcast)
 
 
 LOCAL_OVERLAY_MAX_BYTES = 8 << 20

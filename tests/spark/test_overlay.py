@@ -225,6 +225,24 @@ async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
     assert by_driver.entry_count == by_executors.entry_count == 6
 
 
+async def test_the_run_versions_frame_is_made_only_by_the_runs_read(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    store = env.store
+    await store.checkpoint("t", make_messages(2), make_run("t", "r", steps=1))
+    await store.checkpoint("t", make_messages(3), make_run("t", "r", steps=2))
+    tables = read_tables(spark, env.source)
+    assert tables.tail is not None
+    assert [m.position for m in tables.messages.collect()] == [0, 1, 2]
+    assert tables.threads.count() == 1
+    # Threads and messages read the overlay only: no DataFrame of run versions yet.
+    assert "overlay" in vars(tables.tail)
+    assert "run_versions" not in vars(tables.tail)
+    [run] = tables.runs.collect()
+    assert (run.run_id, run.steps, run.thread_seq) == ("r", 2, 2)
+    assert "run_versions" in vars(tables.tail)
+
+
 async def pending_and_flushed(store: BufferedThreadRunStore, threads: int) -> None:
     """Threads ``t0``.. with pending checkpoints; ``t1`` flushed, then checkpointed again."""
     for i in range(threads):
