@@ -166,6 +166,13 @@ def check_spark_overlay(data: dict[str, Any], report: str) -> None:
     # A warm writer's entries are deltas, a restarted one's first entry per thread a snapshot.
     assert tails["warm"]["tail_bytes"] < tails["restarted"]["tail_bytes"]
     assert data["figures"]["restarted_data_set_table_alike"]
+    # Where the warm read's time goes: every step timed, on the warm tail's entries.
+    split = data["figures"]["cost_split"]
+    assert split["entries"] == pending
+    assert split["repeats"] == params["repeats"]
+    assert all(seconds > 0 for seconds in split["median_s"].values()), split
+    assert split["floor_ratio"] >= split["tail_floor_ratio"] > 1, split
+    assert "## Where the overlay read's time goes (warm writers)" in report
     assert [t["id"] for t in data["targets"]] == ["spark", "spark"]
     assert data["targets"][1]["met"] is None
     assert "warm writers" in report
