@@ -116,6 +116,25 @@ class LatencyLog:
 
 
 @dataclass
+class Laps:
+    """Consecutive steps timed one after the other: each `mark` records, under its name,
+    the time since the previous mark (or since the `Laps` was made), so no step can be
+    measured from the wrong starting point."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._last = clock()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """End the step `name` now (a name may be marked only once)."""
+        if name in self.seconds:
+            raise ValueError(f"step {name!r} already marked")
+        now = self._clock()
+        self.seconds[name] = now - self._last
+        self._last = now
+
+
 class Timeline:
     """Samples over time: `t_s` plus one list per named series."""
 

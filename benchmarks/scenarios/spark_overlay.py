@@ -28,7 +28,7 @@ from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from ..harness import Bench, SideDb
-from ..measure import cdf_points, summarize
+from ..measure import Laps, cdf_points, summarize
 from ..processes import FlusherProcess, WalMonitor
 from ..targets import ratio, target
 from ..workload import ThreadState, Workload, make_threads, seed
@@ -133,7 +133,7 @@ async def run(bench: Bench) -> Outcome:
         "restarted_data_set_table_alike": twin_ok,
         "tails": {},
     }
-    figures["cost_split"] = _cost_split(timings.get("split", []), plain)
+    figures["cost_split"] = cost_split(timings.get("split", []), plain)
     targets = []
     for kind, tail in TAILS.items():
         key = f"overlay_{kind}"
@@ -225,7 +225,7 @@ SPLIT_STEPS = {
 """Each step measured by `_split_once`, as the report names it."""
 
 
-def _cost_split(split: list[dict[str, Any]], plain: float) -> dict[str, Any]:
+def cost_split(split: list[dict[str, Any]], plain: float) -> dict[str, Any]:
     """Medians of the steps, and the floor: the plain read plus what no implementation
     on this stack avoids (receiving and parsing the tail) plus a join over every row
     (what a merge on the Spark side costs before any expression)."""
@@ -545,19 +545,19 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
         return {"messages": messages, "receive_s": received - began}
 
     got = run_sync(receive)
-    began = time.perf_counter()
+    laps = Laps()
     for message in got["messages"]:
         orjson.loads(message.data)
-    parsed = time.perf_counter()
+    laps.mark("parse_json_s")
     items = decode_messages(wal_config, got["messages"])
-    decoded = time.perf_counter()
+    laps.mark("decode_s")
     batch = entry_batch(items)
-    arrow = time.perf_counter()
+    laps.mark("arrow_s")
     condensed = condense_table(pa.Table.from_batches([batch]))
-    condensing = time.perf_counter()
+    laps.mark("condense_s")
     spark.createDataFrame(condensed.threads)
     spark.createDataFrame(condensed.runs)
-    frames = time.perf_counter()
+    laps.mark("frames_s")
 
     one = spark.createDataFrame([("-", 1)], "thread_id string, one int")
 
@@ -575,11 +575,7 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
     return {
         "entries": len(items),
         "receive_s": got["receive_s"],
-        "parse_json_s": parsed - began,
-        "decode_s": decoded - parsed,
-        "arrow_s": arrow - parsed,
-        "condense_s": condensing - arrow,
-        "frames_s": frames - condensing,
+        **laps.seconds,
         "plain_scan_s": scan(False),
         "joined_scan_s": scan(True),
     }

@@ -14,16 +14,18 @@ from buffered_store.threadrun.protocol import ThreadRunStore
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
     from benchmarks.flush import backlog_figures
-    from benchmarks.measure import LatencyLog
+    from benchmarks.measure import Laps, LatencyLog
     from benchmarks.scenarios.common import backlog_growing
     from benchmarks.scenarios.curve import maximum
+    from benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
     from buffered_store.benchmarks.flush import backlog_figures
-    from buffered_store.benchmarks.measure import LatencyLog
+    from buffered_store.benchmarks.measure import Laps, LatencyLog
     from buffered_store.benchmarks.scenarios.common import backlog_growing
     from buffered_store.benchmarks.scenarios.curve import maximum
+    from buffered_store.benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
@@ -179,3 +181,43 @@ def test_backlog_trend_ignores_where_the_sampling_falls_in_the_cycle() -> None:
     figures = backlog_figures(t, b, writes_end_s=20.0, warm_s=2.0)
     assert abs(figures["trough_slope_per_s_second_half"]) < 5
     assert figures["max"] > 900
+
+
+def test_laps_time_each_step_from_the_end_of_the_one_before() -> None:
+    ticks = iter([10.0, 10.5, 12.0, 12.25])
+    laps = Laps(clock=lambda: next(ticks))
+    laps.mark("receive")
+    laps.mark("decode")
+    laps.mark("arrow")
+    assert laps.seconds == {"receive": 0.5, "decode": 1.5, "arrow": 0.25}
+    with pytest.raises(ValueError, match="already marked"):
+        laps.mark("decode")
+
+
+def split_run(plain: float, joined: float, receive: float = 0.2) -> dict[str, Any]:
+    run = {step: 0.01 for step in SPLIT_STEPS}
+    run.update(entries=10, receive_s=receive, parse_json_s=0.05)
+    run.update(plain_scan_s=plain, joined_scan_s=joined)
+    return run
+
+
+def test_the_spark_floor_adds_receive_parse_and_the_median_pairwise_join_cost() -> None:
+    # Join costs per pair: 0.3, 0.1, 0.2 -> median 0.2 (the medians of each scan alone
+    # would say 0.1: the pairs are what is compared).
+    runs = [split_run(1.0, 1.3), split_run(1.4, 1.5), split_run(1.2, 1.4)]
+    split = cost_split(runs, plain=1.0)
+    assert split["repeats"] == 3
+    assert split["entries"] == 10
+    assert split["join_cost_s"] == pytest.approx(0.2)
+    assert split["floor_over_plain_s"] == pytest.approx(0.2 + 0.05 + 0.2)
+    assert split["floor_ratio"] == pytest.approx(1.45)
+    assert split["tail_floor_ratio"] == pytest.approx(1.25)
+    assert split["median_s"]["plain_scan_s"] == pytest.approx(1.2)
+
+
+def test_a_join_measured_faster_than_the_plain_scan_adds_nothing_to_the_floor() -> None:
+    split = cost_split([split_run(1.2, 1.1)], plain=1.0)
+    assert split["join_cost_s"] == pytest.approx(-0.1)
+    assert split["floor_ratio"] == pytest.approx(1.25)
+    assert split["tail_floor_ratio"] == pytest.approx(1.25)
+    assert cost_split([], plain=1.0) == {}
