@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
+from typing import Any
 
 import nats
 import pytest
@@ -11,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from buffered_store.config import ReadConsistency
 from buffered_store.errors import RunOwnershipError
-from buffered_store.spark import overlay
+from buffered_store.spark import datasource, overlay
 from buffered_store.spark.jdbc import read_messages, read_runs, read_threads
 from buffered_store.spark.overlay import read_tables, read_wal_tail
 from buffered_store.testing import make_messages, make_run
@@ -223,6 +225,34 @@ async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
     by_driver = read_wal_tail(spark, env.config)
     assert by_driver.condensed == by_executors.condensed
     assert by_driver.entry_count == by_executors.entry_count == 6
+
+
+async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
+    env: StoreEnv, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3):
+        await env.store.checkpoint(f"t{i}", make_messages(2), make_run(f"t{i}", f"r{i}"))
+    collector_on: list[bool] = []
+    decode = datasource.decode_messages
+
+    def recording(*args: Any) -> Any:
+        collector_on.append(gc.isenabled())
+        return decode(*args)
+
+    monkeypatch.setattr(datasource, "decode_messages", recording)
+    assert gc.isenabled()
+    tail = read_wal_tail(spark, env.config)
+    assert tail.entry_count == 3
+    assert collector_on == [False]
+    assert gc.isenabled()  # on again afterwards
+    # A collector the caller turned off stays off.
+    gc.disable()
+    try:
+        assert read_wal_tail(spark, env.config).condensed == tail.condensed
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert collector_on == [False, False]
 
 
 async def test_the_run_versions_frame_is_made_only_by_the_runs_read(
