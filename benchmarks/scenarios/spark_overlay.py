@@ -516,10 +516,11 @@ def _spark_reads(
 def _split_once(spark: Any, source: Any) -> dict[str, Any]:
     """One measurement of where a warm-tail overlay read's time goes, step by step.
 
-    The WAL tail's steps as `read_wal_tail` takes them (receiving the entries, decoding
-    them, Arrow columns, condensing, the overlay DataFrames), plus two floors no
-    implementation in this stack goes below: receiving the messages through nats-py
-    without looking at them, and parsing their JSON without any check. Then, on the
+    The WAL tail's steps as `read_wal_tail` takes them on the driver (receiving the
+    entries, decoding them and building Arrow columns with the garbage collector paused,
+    condensing, the overlay DataFrames), plus two floors no implementation in this stack
+    goes below: receiving the messages through nats-py without looking at them, and
+    parsing their JSON without any check. Then, on the
     Spark side, the plain scan and the same scan broadcast-joined to a one-row table:
     the cost of joining every row to anything at all, before any merge expression.
     """
@@ -528,7 +529,13 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from buffered_store.spark.condense import condense_table
-    from buffered_store.spark.datasource import decode_messages, entry_batch, open_wal, run_sync
+    from buffered_store.spark.datasource import (
+        decode_messages,
+        entry_batch,
+        gc_paused,
+        open_wal,
+        run_sync,
+    )
     from buffered_store.spark.jdbc import read_messages
 
     wal_config = source.need_wal()
@@ -544,15 +551,16 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
             await wal.close()
         return {"messages": messages, "receive_s": received - began}
 
-    got = run_sync(receive)
-    laps = Laps()
-    for message in got["messages"]:
-        orjson.loads(message.data)
-    laps.mark("parse_json_s")
-    items = decode_messages(wal_config, got["messages"])
-    laps.mark("decode_s")
-    batch = entry_batch(items)
-    laps.mark("arrow_s")
+    with gc_paused():  # as `read_table` reads, decodes and builds the columns
+        got = run_sync(receive)
+        laps = Laps()
+        for message in got["messages"]:
+            orjson.loads(message.data)
+        laps.mark("parse_json_s")
+        items = decode_messages(wal_config, got["messages"])
+        laps.mark("decode_s")
+        batch = entry_batch(items)
+        laps.mark("arrow_s")
     condensed = condense_table(pa.Table.from_batches([batch]))
     laps.mark("condense_s")
     spark.createDataFrame(condensed.threads)
