@@ -115,7 +115,6 @@ class LatencyLog:
         return dict(Counter(kind for _, kind in self.failures))
 
 
-@dataclass
 class Laps:
     """Consecutive steps timed one after the other: each `mark` records, under its name,
     the time since the previous mark (or since the `Laps` was made), so no step can be
@@ -135,6 +134,7 @@ class Laps:
         self._last = now
 
 
+@dataclass
 class Timeline:
     """Samples over time: `t_s` plus one list per named series."""
 
