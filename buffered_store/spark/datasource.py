@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -378,6 +379,34 @@ def entry_batch(items: Sequence[tuple[WalEntry, tuple[str, ...]]]) -> pa.RecordB
     return pa.RecordBatch.from_arrays([*arrays, messages], schema=ENTRY_ARROW)
 
 
+class _GcPause:
+    """Who holds the collector paused: the last one out turns it back on, if the first
+    one in found it on."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.turned_off = False
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.holders == 0:
+                self.turned_off = gc.isenabled()
+                if self.turned_off:
+                    gc.disable()
+            self.holders += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.holders -= 1
+            if self.holders == 0 and self.turned_off:
+                self.turned_off = False
+                gc.enable()
+
+
+_GC_PAUSE = _GcPause()
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for a bulk read, back on after if it was on.
@@ -387,17 +416,15 @@ def gc_paused() -> Iterator[None]:
     them all the same. With the collector on, those allocations set off collections
     that walk every object the process holds, again and again; in a process that holds
     many (a Spark driver, a notebook, the benchmark harness) decoding a 10,000-entry tail
-    took 0.33 s instead of 0.175 s (docs/benchmarks.md). Another thread that turns the
-    collector off meanwhile finds it on again afterwards.
+    took 0.33 to 0.48 s instead of 0.17 to 0.18 s (docs/benchmarks.md). Reads that
+    overlap (threads, nesting) keep it off until the last one ends; a collector that was
+    off when the first began stays off.
     """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
+    _GC_PAUSE.enter()
     try:
         yield
     finally:
-        gc.enable()
+        _GC_PAUSE.leave()
 
 
 def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:

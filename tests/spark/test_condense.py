@@ -7,10 +7,12 @@ No Spark session and no services: these run in a second. The rules checked here 
 from __future__ import annotations
 
 import base64
+import gc
 import itertools
 import json
 import random
 import re
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +26,7 @@ from buffered_store.spark.datasource import (
     TailRead,
     condense_tail,
     entry_row,
+    gc_paused,
     split_range,
     tail_options,
 )
@@ -252,3 +255,39 @@ def test_jdbc_source_validates() -> None:
     assert source.with_snapshot("00000003-0000001B-1").session_init is not None
     with pytest.raises(ConfigError):
         source.with_snapshot("x'; DROP")
+
+
+def test_overlapping_tail_reads_keep_the_collector_off_until_the_last_one_ends() -> None:
+    assert gc.isenabled()
+    inside, release = threading.Event(), threading.Event()
+
+    def other_read() -> None:
+        with gc_paused():
+            inside.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=other_read)
+    with gc_paused():
+        assert not gc.isenabled()
+        worker.start()
+        assert inside.wait(10)
+    assert not gc.isenabled()  # the other read still runs
+    release.set()
+    worker.join(10)
+    assert gc.isenabled()
+    with gc_paused(), gc_paused():  # nested
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_before_a_tail_read_stays_off() -> None:
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("a failed read")
+    assert gc.isenabled()

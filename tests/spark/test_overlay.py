@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import random
@@ -253,6 +254,33 @@ async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
     finally:
         gc.enable()
     assert collector_on == [False, False]
+
+
+async def test_an_executor_slice_pauses_the_collector_per_chunk_never_across_a_yield(
+    env: StoreEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(5):
+        await env.store.checkpoint(f"t{i}", make_messages(2), make_run(f"t{i}", f"r{i}"))
+    collector_on: list[bool] = []
+    decode = datasource.decode_messages
+
+    def recording(*args: Any) -> Any:
+        collector_on.append(gc.isenabled())
+        return decode(*args)
+
+    monkeypatch.setattr(datasource, "decode_messages", recording)
+    first, last = datasource.tail_bounds(env.config)
+    options = datasource.tail_options(env.config, (first, last), 1)
+    read = dataclasses.replace(datasource.TailRead.from_options(options), chunk_entries=2)
+
+    def consume() -> list[tuple[int, bool]]:
+        # As a Spark task does, in a thread with no event loop running.
+        return [(b.num_rows, gc.isenabled()) for b in datasource.read_slice(read, first, last)]
+
+    # Spark works on each batch with the collector on.
+    assert await asyncio.to_thread(consume) == [(2, True), (2, True), (1, True)]
+    assert collector_on == [False, False, False]  # chunks of 2, 2 and 1 entries
+    assert gc.isenabled()
 
 
 async def test_the_run_versions_frame_is_made_only_by_the_runs_read(
