@@ -196,21 +196,21 @@ def test_laps_time_each_step_from_the_end_of_the_one_before() -> None:
 
 def split_run(plain: float, joined: float, receive: float = 0.2) -> dict[str, Any]:
     run = {step: 0.01 for step in SPLIT_STEPS}
-    run.update(entries=10, receive_s=receive, parse_json_s=0.05)
+    run.update(entries=10, bounds_s=0.005, receive_s=receive, parse_json_s=0.045)
     run.update(plain_scan_s=plain, joined_scan_s=joined)
     return run
 
 
-def test_the_spark_floor_adds_receive_parse_and_the_median_pairwise_join_cost() -> None:
-    # Join costs per pair: 0.3, 0.1, 0.2 -> median 0.2 (the medians of each scan alone
-    # would say 0.1: the pairs are what is compared).
-    runs = [split_run(1.0, 1.3), split_run(1.4, 1.5), split_run(1.2, 1.4)]
+def test_the_spark_floor_adds_bounds_receive_parse_and_the_median_pairwise_join() -> None:
+    # Join costs per pair: 0.5, 0.1, 0.05 -> median 0.1; the scans' medians apart
+    # (1.45 - 1.2) would say 0.25: the pairs are what is compared.
+    runs = [split_run(1.0, 1.5), split_run(1.2, 1.3), split_run(1.4, 1.45)]
     split = cost_split(runs, plain=1.0)
     assert split["repeats"] == 3
     assert split["entries"] == 10
-    assert split["join_cost_s"] == pytest.approx(0.2)
-    assert split["floor_over_plain_s"] == pytest.approx(0.2 + 0.05 + 0.2)
-    assert split["floor_ratio"] == pytest.approx(1.45)
+    assert split["join_cost_s"] == pytest.approx(0.1)
+    assert split["floor_over_plain_s"] == pytest.approx(0.005 + 0.2 + 0.045 + 0.1)
+    assert split["floor_ratio"] == pytest.approx(1.35)
     assert split["tail_floor_ratio"] == pytest.approx(1.25)
     assert split["median_s"]["plain_scan_s"] == pytest.approx(1.2)
 
