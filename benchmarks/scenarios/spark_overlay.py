@@ -460,8 +460,6 @@ async def _stream_bytes(monitor: WalMonitor, config: Any) -> int | None:
 def _spark_reads(
     bench: Bench, dbs: dict[str, SideDb], configs: dict[str, Any], repeats: int
 ) -> dict[str, list[dict[str, Any]]]:
-    from pyspark.sql import functions as F
-
     from buffered_store.spark.overlay import StoreSource, read_tables
     from buffered_store.spark.session import spark_session
 
@@ -488,12 +486,7 @@ def _spark_reads(
         start = time.perf_counter()
         messages = read_tables(spark, sources[kind], mode).messages
         prepared = time.perf_counter()  # the WAL tail is read here (RYW); JDBC runs below
-        row = messages.agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.length("message")).alias("chars"),
-            F.sum("position").alias("positions"),
-            F.max("thread_seq").alias("max_seq"),
-        ).collect()[0]
+        row = _aggregate(messages)
         done = time.perf_counter()
         return {
             "seconds": done - start,
@@ -526,6 +519,18 @@ def _spark_reads(
     finally:
         spark.stop()
     return out
+
+
+def _aggregate(messages: Any) -> Any:
+    """The action every read ends in: one aggregation over every column of the rows."""
+    from pyspark.sql import functions as F
+
+    return messages.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.length("message")).alias("chars"),
+        F.sum("position").alias("positions"),
+        F.max("thread_seq").alias("max_seq"),
+    ).collect()[0]
 
 
 def _split_once(spark: Any, source: Any) -> dict[str, Any]:
@@ -592,9 +597,7 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
             joined = frame.join(F.broadcast(one), "thread_id", "left")
             frame = joined.where(F.coalesce(F.col("one") > 0, F.lit(True))).drop("one")
         start = time.perf_counter()
-        frame.agg(
-            F.count(F.lit(1)), F.sum(F.length("message")), F.sum("position"), F.max("thread_seq")
-        ).collect()
+        _aggregate(frame)
         return time.perf_counter() - start
 
     return {

@@ -228,11 +228,14 @@ async def test_a_short_tail_read_by_the_driver_equals_the_data_source_read(
     assert by_driver.entry_count == by_executors.entry_count == 6
 
 
-async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
-    env: StoreEnv, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for i in range(3):
-        await env.store.checkpoint(f"t{i}", make_messages(2), make_run(f"t{i}", f"r{i}"))
+async def checkpoint_threads(store: BufferedThreadRunStore, threads: int) -> None:
+    """One pending checkpoint (2 messages, a run) on each of ``t0``, ``t1``..."""
+    for i in range(threads):
+        await store.checkpoint(f"t{i}", make_messages(2), make_run(f"t{i}", f"r{i}"))
+
+
+def collector_at_decode(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether the garbage collector was on at each call of `decode_messages`, from now."""
     collector_on: list[bool] = []
     decode = datasource.decode_messages
 
@@ -241,6 +244,14 @@ async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
         return decode(*args)
 
     monkeypatch.setattr(datasource, "decode_messages", recording)
+    return collector_on
+
+
+async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
+    env: StoreEnv, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await checkpoint_threads(env.store, 3)
+    collector_on = collector_at_decode(monkeypatch)
     assert gc.isenabled()
     tail = read_wal_tail(spark, env.config)
     assert tail.entry_count == 3
@@ -259,16 +270,8 @@ async def test_the_driver_decodes_the_tail_with_the_garbage_collector_paused(
 async def test_an_executor_slice_pauses_the_collector_per_chunk_never_across_a_yield(
     env: StoreEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for i in range(5):
-        await env.store.checkpoint(f"t{i}", make_messages(2), make_run(f"t{i}", f"r{i}"))
-    collector_on: list[bool] = []
-    decode = datasource.decode_messages
-
-    def recording(*args: Any) -> Any:
-        collector_on.append(gc.isenabled())
-        return decode(*args)
-
-    monkeypatch.setattr(datasource, "decode_messages", recording)
+    await checkpoint_threads(env.store, 5)
+    collector_on = collector_at_decode(monkeypatch)
     first, last = datasource.tail_bounds(env.config)
     options = datasource.tail_options(env.config, (first, last), 1)
     read = dataclasses.replace(datasource.TailRead.from_options(options), chunk_entries=2)
