@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import operator
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -295,14 +296,29 @@ def run_row(run: RunRecord) -> dict[str, Any]:
 
 def run_column(runs: Sequence[RunRecord | None]) -> pa.StructArray:
     """The ``run`` column of `ENTRY_ARROW` (what `run_row` gives per run), built field by
-    field instead of from a dict per run."""
+    field: one C-level attribute fetch per run, then the three fields that are not stored
+    as they are (status, output, metadata) converted column-wise."""
     run_type = ENTRY_ARROW.field("run").type
-    arrays = [
-        pa.array([None if r is None else _RUN_VALUES[f.name](r) for r in runs], f.type)
-        for f in run_type
-    ]
+    if not runs:
+        return pa.array([], run_type)
+    absent = (None,) * run_type.num_fields
+    values = [absent if r is None else _RUN_ATTRIBUTES(r) for r in runs]
+    names = [f.name for f in run_type]
+    columns = dict(zip(names, map(list, zip(*values, strict=True)), strict=True))
+    columns["status"] = [None if s is None else s.value for s in columns["status"]]
+    columns["output"] = [None if o is None else _json_text(o) for o in columns["output"]]
+    columns["metadata"] = [None if m is None else _json_text(dict(m)) for m in columns["metadata"]]
+    arrays = [pa.array(columns[f.name], f.type) for f in run_type]
     mask = pa.array([r is None for r in runs], pa.bool_())
     return pa.StructArray.from_arrays(arrays, fields=list(run_type), mask=mask)
+
+
+_RUN_ATTRIBUTES = operator.attrgetter(*(f.name for f in ENTRY_ARROW.field("run").type))
+"""Every `RUN_STRUCT` field's attribute of a run, in the struct's order, in one call."""
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 async def read_entries(

@@ -26,9 +26,17 @@ from buffered_store.spark.condense import (
     CondensedTable,
     condense_table,
 )
-from buffered_store.spark.datasource import ENTRY_ARROW, Condensed, condense_tail, entry_batch
+from buffered_store.spark.datasource import (
+    ENTRY_ARROW,
+    Condensed,
+    condense_tail,
+    entry_batch,
+    run_column,
+    run_row,
+)
 from buffered_store.threadrun.entry import decode_entry_roles, encode_entry
 from buffered_store.threadrun.planning import fold
+from buffered_store.threadrun.records import RunRecord, RunStatus
 
 from .test_condense import as_dict, history, merged, stored_view
 
@@ -169,6 +177,40 @@ def test_entry_batch_equals_entry_rows(seed: int) -> None:
     batch = entry_batch(items)
     assert batch.schema == ENTRY_ARROW
     assert batch.to_pylist() == [as_dict(entry) for entry, _ in items]
+
+
+def test_run_column_equals_run_rows_for_every_field() -> None:
+    """Every field of the column build, including the three converted ones (status,
+    output, metadata) and falsy outputs that are not null, is what `run_row` gives."""
+    rng = random.Random(7)
+    outputs: list[Any] = [None, 0, "", [], {}, False, {"a": [1, "b"]}, "done", 3.5]
+    runs: list[RunRecord | None] = [None]
+    for i, output in enumerate(outputs):
+        runs.append(
+            RunRecord(
+                run_id=f"r{i}",
+                thread_id=f"t{i % 3}",
+                agent_id="agent",
+                status=rng.choice(list(RunStatus)),
+                parent_run_id=None if i % 2 else f"p{i}",
+                parent_thread_id=None if i % 3 else f"pt{i}",
+                created_at=T0,
+                updated_at=T0 + timedelta(seconds=i),
+                finished_at=None if i % 2 else T0 + timedelta(minutes=i),
+                steps=i,
+                input_tokens=10 * i,
+                output_tokens=2**40 + i,
+                error=None if i % 4 else f"boom {i}",
+                output=output,
+                metadata={} if i % 2 else {"k": i, "nested": {"x": [i]}},
+            )
+        )
+        if i % 3 == 0:
+            runs.append(None)
+    column = run_column(runs)
+    assert column.type == ENTRY_ARROW.field("run").type
+    assert column.to_pylist() == [None if r is None else run_row(r) for r in runs]
+    assert run_column([]).to_pylist() == []
 
 
 def test_a_stream_seq_tie_keeps_the_earlier_thread_and_seq() -> None:
