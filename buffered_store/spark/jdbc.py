@@ -13,7 +13,13 @@ known); documents of unknown shape (`threads.metadata`, `messages.message`,
 
 The SQL builders are pure. They also build the overlay queries of `overlay`: each adds
 to the rows of a pending thread that thread's watermark, read *in the same statement*,
-and placeholder rows for what the thread's unflushed entries add.
+and placeholder rows for what the thread's unflushed entries add. Their pending-thread
+lists are inlined (``NOT MATERIALIZED``), not materialised: a materialised CTE may only
+be scanned by the leader of a parallel query, which put the join of every scanned row
+to its thread's watermark in one process (``EXPLAIN ANALYZE`` of a partition's statement
+on the benchmark's data shows it above the ``Gather``); inlined, each parallel worker
+joins its own share. Every worker reads the statement's one snapshot, so the watermarks
+stay those of the rows they are joined to.
 """
 
 from __future__ import annotations
@@ -211,9 +217,9 @@ def overlay_messages_sql(
     ]
     unused = "m.position >= k.s AND k.watermark < k.w"
     return (
-        "WITH pending AS MATERIALIZED (SELECT thread_id, n, s, w FROM "
+        "WITH pending AS NOT MATERIALIZED (SELECT thread_id, n, s, w FROM "
         f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, n int, s int, w bigint)), "
-        "marks AS MATERIALIZED (SELECT p.thread_id, p.n, p.s, p.w, "
+        "marks AS NOT MATERIALIZED (SELECT p.thread_id, p.n, p.s, p.w, "
         "COALESCE(t.flushed_seq, 0) AS watermark, "
         f"CASE WHEN {_LIVE} THEN t.message_count ELSE 0 END AS stored "
         f"FROM pending p LEFT JOIN {source.table('threads')} t ON t.thread_id = p.thread_id) "
@@ -237,9 +243,9 @@ def overlay_runs_sql(source: JdbcSource, runs_by_thread: Mapping[str, Sequence[s
     runs = source.table("runs")
     nulls = ", ".join(["NULL"] * 14)  # the run columns after run_id and thread_id
     return (
-        "WITH pending AS MATERIALIZED (SELECT thread_id, runs FROM "
+        "WITH pending AS NOT MATERIALIZED (SELECT thread_id, runs FROM "
         f"jsonb_to_recordset({json_sql(rows)}) AS p(thread_id text, runs jsonb)), "
-        "marks AS MATERIALIZED (SELECT p.thread_id, p.runs, "
+        "marks AS NOT MATERIALIZED (SELECT p.thread_id, p.runs, "
         "COALESCE(t.flushed_seq, 0) AS watermark "
         f"FROM pending p LEFT JOIN {source.table('threads')} t ON t.thread_id = p.thread_id) "
         f"SELECT {_RUN_SELECT}, k.watermark, false AS placeholder "

@@ -21,6 +21,7 @@ from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.records import RunRecord, RunStatus
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.spark.conftest import StoreEnv, spark_view, store_view
+from tests.spark.test_jdbc import BULK_SQL
 
 # The first Spark test of a run also starts the session and the Python workers.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -374,3 +375,33 @@ async def test_entries_missing_from_the_tail_fail_the_job_naming_the_thread(
     for frame in (tables.threads, tables.messages, tables.runs):
         with pytest.raises(Exception, match="thread gap: entries after seq 1 are neither"):
             frame.collect()
+
+
+FORCE_PARALLEL = (
+    "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+    "SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2"
+)
+"""Session settings under which Postgres plans even a small table's scan in parallel, as
+it does by itself for big tables."""
+
+
+async def test_overlay_reads_fold_like_the_store_when_postgres_plans_them_in_parallel(
+    env: StoreEnv, spark: SparkSession
+) -> None:
+    """With parallel plans, the pending threads' list is evaluated in each worker and the
+    rows are joined to their watermarks there: every worker reads the statement's one
+    snapshot, so the merge still folds as the store does."""
+    env.sql(BULK_SQL)  # 100k flushed message rows next to the threads below
+    store = env.store
+    for thread_id in ("append", "rewrite", "delete", "kept"):
+        await store.checkpoint(thread_id, make_messages(4), make_run(thread_id, f"r-{thread_id}"))
+    await store.force_flush_all()
+    await store.checkpoint("append", make_messages(6), make_run("append", "r-append", steps=2))
+    await store.checkpoint("rewrite", make_messages(2, start=7), make_run("rewrite", "r-new"))
+    await store.delete_thread("delete")
+    await store.checkpoint("fresh", make_messages(3), make_run("fresh", "r-fresh"))
+
+    jdbc = dataclasses.replace(env.source.jdbc, session_init=FORCE_PARALLEL)
+    view = spark_view(read_tables(spark, dataclasses.replace(env.source, jdbc=jdbc)))
+    assert view == await store_view(store)
+    assert len(view.messages) == 1004  # the bulk threads, append, rewrite, kept, fresh
