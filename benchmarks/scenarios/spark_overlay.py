@@ -50,12 +50,14 @@ DESCRIPTION = (
     "thread's first pending entry is a snapshot of its 502 messages). A local Spark "
     "session (local[2]) then reads the messages table: plainly over JDBC (EVENTUAL), and "
     "through the overlay of each data set (READ_YOUR_WRITES: WAL tail read and merged). "
-    "Every read uses the same JDBC partitioning and ends in the same aggregation over "
-    "every column; after one unmeasured warm-up of each, they alternate. Then each step of "
-    "a warm overlay read is timed on its own (receiving the tail, parsing its JSON, "
-    "decoding, Arrow columns, condensing, the overlay DataFrame; the plain scan against "
-    "the same scan joined to a one-row table), with the floor that receiving, parsing and "
-    "a join over every row make."
+    "Every read uses the same JDBC partitioning and ends in the same aggregation (rows, "
+    "message characters, positions, newest thread_seq: Spark fetches only the message, "
+    "position and thread_seq columns for the plain read, while the overlay's merge also "
+    "needs each row's thread_id); after one unmeasured warm-up of each, they alternate. "
+    "Then each step of a warm overlay read is timed on its own (receiving the tail, "
+    "parsing its JSON, decoding, Arrow columns, condensing, the overlay DataFrame; the "
+    "plain scan against the same scan joined to a one-row table), with the floor that "
+    "receiving, parsing and a join over every row make."
 )
 
 TAILS: dict[str, dict[str, str]] = {
@@ -230,7 +232,8 @@ SPLIT_STEPS = {
     "condense_s": "WAL tail: condense into the overlay",
     "frames_s": "the overlay DataFrame a messages read builds",
     "plain_scan_s": "plain JDBC scan + aggregation",
-    "joined_scan_s": "the same scan broadcast-joined to a one-row table",
+    "joined_scan_s": "the same scan broadcast-joined to a one-row table (it also fetches "
+    "thread_id, the join key, as the overlay must)",
 }
 """Each step measured by `_split_once`, as the report names it."""
 
@@ -522,7 +525,9 @@ def _spark_reads(
 
 
 def _aggregate(messages: Any) -> Any:
-    """The action every read ends in: one aggregation over every column of the rows."""
+    """The action every read ends in: one aggregation over the message, position and
+    thread_seq columns (the plain read fetches only those; the overlay's merge also needs
+    thread_id)."""
     from pyspark.sql import functions as F
 
     return messages.agg(
@@ -544,7 +549,8 @@ def _split_once(spark: Any, source: Any) -> dict[str, Any]:
     looking at them; a third, parsing their JSON without any check, stands for the least
     any decoding does. Then, on the Spark side, the plain scan and the same scan
     broadcast-joined to a one-row table: the cost of joining every row to anything at
-    all, before any merge expression.
+    all, before any merge expression, including fetching each row's thread_id (the join
+    key), which the plain scan's column pruning leaves out and the overlay cannot.
     """
     import orjson
     import pyarrow as pa
