@@ -188,3 +188,47 @@ async def test_requests_on_a_closed_connection_fail_and_do_not_hang(nc: Client) 
     await nc.close()
     with pytest.raises(nats.errors.ConnectionClosedError):
         await asyncio.wait_for(inbox.request("rq.any", b"x", {"X-Tag": "t"}, timeout_s=5), 10)
+
+
+async def test_concurrent_unanswered_requests_each_time_out_at_their_own_timeout(
+    nc: Client,
+) -> None:
+    """Timeouts come from one periodic sweep, not a timer per request: each request still
+    fails at its own time, one that is answered meanwhile is unaffected, and the sweep
+    starts again for requests made after the inbox was idle."""
+
+    async def answer(msg: Msg) -> None:
+        await asyncio.sleep(0.25)
+        await msg.respond(b"ok")
+
+    async def ignore(msg: Msg) -> None:
+        pass  # received, never answered
+
+    await nc.subscribe("rq.held", cb=ignore)
+    await nc.subscribe("rq.later", cb=answer)
+    inbox = ReplyInbox(nc)
+
+    async def timed(subject: str, timeout_s: float) -> tuple[float, Msg | None]:
+        began = time.monotonic()
+        try:
+            reply = await inbox.request(subject, b"x", {"X-Tag": "t"}, timeout_s=timeout_s)
+        except nats.errors.TimeoutError:
+            return time.monotonic() - began, None
+        return time.monotonic() - began, reply
+
+    for _ in range(2):  # the second round starts after the inbox had nothing waiting
+        results = await asyncio.wait_for(
+            asyncio.gather(timed("rq.held", 0.1), timed("rq.held", 0.4), timed("rq.later", 5)),
+            10,
+        )
+        (short_s, short), (long_s, long), (_, answered) = results
+        assert short is None
+        assert long is None
+        # Never early; each at its own time (the short one well before the long one).
+        assert short_s >= 0.1
+        assert long_s >= 0.4
+        assert long_s - short_s > 0.15, (short_s, long_s)
+        assert long_s < 3
+        assert answered is not None
+        assert answered.data == b"ok"
+        await asyncio.sleep(0.1)  # idle: nothing waits for a few sweep periods
