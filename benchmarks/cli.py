@@ -111,12 +111,14 @@ for _name in MODULES:
 @bench.command(name="summary")
 @click.argument("folders", nargs=-1, type=click.Path(exists=True, path_type=Path))
 def summary(folders: tuple[Path, ...]) -> None:
-    """Print one Markdown table of the targets judged by several result folders."""
+    """Print one Markdown table of the targets judged by several result folders, each
+    row's figure followed by its folder's name (two runs of one scenario, e.g. with
+    and without ``--api append``, stay apart)."""
     rows: list[dict[str, Any]] = []
     for folder in folders:
         data = json.loads((folder / "results.json").read_text())
         for t in data.get("targets", []):
-            rows.append({**t, "figure": f"{t['figure']} [`{data['scenario']}`]"})
+            rows.append({**t, "figure": f"{t['figure']} [`{folder.resolve().name}`]"})
     click.echo(report.targets_table(rows))
 
 

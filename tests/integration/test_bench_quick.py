@@ -225,4 +225,5 @@ def test_summary_collects_the_targets_of_several_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "| figure | target | measured | ratio | met |" in done.stdout
-    assert data["targets"][0]["figure"] in done.stdout
+    # Each row names its results folder, which tells apart two runs of one scenario.
+    assert f"{data['targets'][0]['figure']} [`ff`]" in done.stdout
