@@ -9,6 +9,7 @@ judge.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from array import array
@@ -34,6 +35,20 @@ PG_TUPLE_METHOD = (
 OWN_READS_PER_SNAPSHOT = 1
 """Read-only transactions the harness runs in a side's database per snapshot."""
 PG_WAL_METHOD = "pg_current_wal_lsn() difference over the side's run (cluster-wide)"
+
+
+async def wait_or_stop(stop: asyncio.Event, interval_s: float) -> bool:
+    """Wait `interval_s`, or less if `stop` is set meanwhile; whether it is set.
+
+    Sampling loops end on an event, not by cancellation: nats-py waits for its replies
+    with `asyncio.wait_for`, which on Python 3.11 can swallow a cancellation that lands
+    as the reply arrives (CPython gh-86296); a sampler cancelled so runs on forever (a
+    `langgraph` run hung that way after its graphs had finished)."""
+    if not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
+    return stop.is_set()
 
 
 def summarize(values: Sequence[float]) -> dict[str, float | int | None]:

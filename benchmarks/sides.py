@@ -44,6 +44,7 @@ from .measure import (
     rate_series,
     steady_rate,
     summarize,
+    wait_or_stop,
 )
 from .processes import FlusherProcess, WalMonitor
 from .workload import ThreadState, Workload, drive, make_threads, seed
@@ -178,8 +179,10 @@ async def sample_loop(
     *,
     interval_s: float,
     total_s: float,
+    stop: asyncio.Event,
 ) -> None:
-    """Sample `probe()` into the timeline and refresh the progress line until cancelled."""
+    """Sample `probe()` into the timeline and refresh the progress line until `stop` is
+    set (see `wait_or_stop`)."""
     last_t, last_n, last_said = 0.0, 0.0, 0.0
     while True:
         t = time.perf_counter() - clock_zero
@@ -199,7 +202,8 @@ async def sample_loop(
             last_said = t
             name = next((x.description for x in bench.progress.tasks if x.id == task), "")
             bench.say(f"  {name} t={t:5.0f}s {info}")
-        await asyncio.sleep(interval_s)
+        if await wait_or_stop(stop, interval_s):
+            return
 
 
 def _name(plan: SidePlan, phase: str) -> str:
@@ -336,6 +340,7 @@ async def measure_phase(
                 values.update(probe_extra(states))
             return values
 
+        stop_sampling = asyncio.Event()
         sampler = asyncio.create_task(
             sample_loop(
                 bench,
@@ -346,6 +351,7 @@ async def measure_phase(
                 # Several samples per flush cycle, so the troughs of the backlog show.
                 interval_s=0.2 if bench.options.quick else 0.25,
                 total_s=workload.duration_s,
+                stop=stop_sampling,
             )
         )
         happenings = [asyncio.create_task(_happen(e, clock_zero, events)) for e in plan.events]
@@ -363,9 +369,8 @@ async def measure_phase(
         drain_s = None
         if side.monitor is not None and side.flusher is not None:
             drain_s = await side.monitor.wait_drained(plan.drain_timeout_s)
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        stop_sampling.set()
+        await sampler
         timeline.add(time.perf_counter() - clock_zero, **(await probe()))
         cpu_after = meter.sample()
         after_figures = await after(side, states, config) if after is not None else None

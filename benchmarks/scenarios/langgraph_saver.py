@@ -39,6 +39,7 @@ from ..measure import (
     pg_delta,
     rate_series,
     summarize,
+    wait_or_stop,
 )
 from ..processes import FlusherProcess, WalMonitor
 from . import Outcome
@@ -304,7 +305,10 @@ async def run_side(
     async with open_saver(bench, key, db, config) as side:
         graph = build_graph(side.saver)
         clock_zero = time.perf_counter()
-        sampler = asyncio.create_task(sample(bench, task, side, log, timeline, clock_zero, meter))
+        stop_sampling = asyncio.Event()
+        sampler = asyncio.create_task(
+            sample(bench, task, side, log, timeline, clock_zero, meter, stop_sampling)
+        )
         try:
             write_s = await drive(graph, size, log)
             writes_end_s = time.perf_counter() - clock_zero
@@ -313,9 +317,8 @@ async def run_side(
                 flush["force_flush_all_threads"] = await side.saver.force_flush_all(timeout=120)
                 flush["saver_stats"] = side.saver.stats()
         finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            stop_sampling.set()
+            await sampler
         last = await sample_once(side, log, timeline, clock_zero, meter)
         show(bench, task, writes_end_s, last)
         cpu_after = meter.sample()
@@ -410,9 +413,10 @@ async def sample(
     timeline: Timeline,
     clock_zero: float,
     meter: CpuMeter,
+    stop: asyncio.Event,
 ) -> None:
     """Sample every 0.25 s and refresh the progress line (a plain line every 10 s when
-    the output is not a terminal) until cancelled."""
+    the output is not a terminal) until `stop` is set (see `wait_or_stop`)."""
     last_said = 0.0
     while True:
         values = await sample_once(side, log, timeline, clock_zero, meter)
@@ -421,7 +425,8 @@ async def sample(
         if not bench.console.is_terminal and t - last_said >= 10:
             last_said = t
             bench.say(f"  langgraph t={t:5.0f}s {info}")
-        await asyncio.sleep(0.25)
+        if await wait_or_stop(stop, 0.25):
+            return
 
 
 def show(bench: Bench, task: Any, t: float, values: dict[str, float | None]) -> str:

@@ -117,6 +117,7 @@ async def run_raw(
     async def probe() -> dict[str, float | None]:
         return {"checkpoints": float(log.count), "failed": float(len(log.failures))}
 
+    stop_sampling = asyncio.Event()
     sampler = asyncio.create_task(
         sample_loop(
             bench,
@@ -126,14 +127,14 @@ async def run_raw(
             probe,
             interval_s=0.2 if bench.options.quick else 0.5,
             total_s=wl.duration_s,
+            stop=stop_sampling,
         )
     )
     try:
         result = await drive(None, states, wl, log, clock_zero=clock_zero, checkpoint=checkpoint)
     finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        stop_sampling.set()
+        await sampler
         cpu_after = meter.sample()
         with contextlib.suppress(Exception):
             await js.delete_stream(stream)

@@ -3,6 +3,10 @@ the curve scenario's maximum rates and the writer-cpu scenario's flatness figure
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
@@ -14,19 +18,23 @@ from buffered_store.threadrun.protocol import ThreadRunStore
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
     from benchmarks.flush import backlog_figures
-    from benchmarks.measure import Laps, LatencyLog
+    from benchmarks.harness import Bench, Options
+    from benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
     from benchmarks.scenarios.common import backlog_growing
     from benchmarks.scenarios.curve import maximum
     from benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
+    from benchmarks.sides import sample_loop
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
     from buffered_store.benchmarks.flush import backlog_figures
-    from buffered_store.benchmarks.measure import Laps, LatencyLog
+    from buffered_store.benchmarks.harness import Bench, Options
+    from buffered_store.benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
     from buffered_store.benchmarks.scenarios.common import backlog_growing
     from buffered_store.benchmarks.scenarios.curve import maximum
     from buffered_store.benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
+    from buffered_store.benchmarks.sides import sample_loop
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
 
@@ -221,3 +229,42 @@ def test_a_join_measured_faster_than_the_plain_scan_adds_nothing_to_the_floor() 
     assert split["floor_ratio"] == pytest.approx(1.25)
     assert split["tail_floor_ratio"] == pytest.approx(1.25)
     assert cost_split([], plain=1.0) == {}
+
+
+async def test_a_sampler_ends_on_its_event_even_when_its_probe_swallows_a_cancellation(
+    tmp_path: Path,
+) -> None:
+    """nats-py's requests wait with `asyncio.wait_for`, which on Python 3.11 can swallow a
+    cancellation that lands as the reply arrives: a sampler stopped by `cancel()` then ran
+    on forever (a `langgraph` run hung so). The samplers end on an event instead."""
+    bench = Bench("unit", Options(output=tmp_path))
+    task = bench.task("sampling", total=1.0)
+    timeline = Timeline()
+    stop = asyncio.Event()
+    probes = 0
+
+    async def probe() -> dict[str, float | None]:
+        nonlocal probes
+        probes += 1
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as wait_for's race does
+            await asyncio.sleep(0.005)
+        return {"checkpoints": float(probes)}
+
+    sampler = asyncio.create_task(
+        sample_loop(bench, task, timeline, 0.0, probe, interval_s=0.01, total_s=1.0, stop=stop)
+    )
+    await asyncio.sleep(0.1)
+    assert probes > 2
+    stop.set()
+    await asyncio.wait_for(sampler, 2)  # ends at its next pause
+    assert len(timeline.t_s) == probes
+
+
+async def test_wait_or_stop_waits_its_interval_or_until_stopped() -> None:
+    stop = asyncio.Event()
+    assert await wait_or_stop(stop, 0.01) is False
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    began = time.monotonic()
+    assert await wait_or_stop(stop, 30) is True
+    assert time.monotonic() - began < 10
+    assert await wait_or_stop(stop, 30) is True  # already set: at once
