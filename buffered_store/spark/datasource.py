@@ -269,56 +269,41 @@ def entry_row(entry: WalEntry) -> dict[str, Any]:
     }
 
 
-_RUN_VALUES: dict[str, Callable[[RunRecord], Any]] = {
-    "run_id": lambda r: r.run_id,
-    "thread_id": lambda r: r.thread_id,
-    "agent_id": lambda r: r.agent_id,
-    "status": lambda r: r.status.value,
-    "parent_run_id": lambda r: r.parent_run_id,
-    "parent_thread_id": lambda r: r.parent_thread_id,
-    "created_at": lambda r: r.created_at,
-    "updated_at": lambda r: r.updated_at,
-    "finished_at": lambda r: r.finished_at,
-    "steps": lambda r: r.steps,
-    "input_tokens": lambda r: r.input_tokens,
-    "output_tokens": lambda r: r.output_tokens,
-    "error": lambda r: r.error,
-    "output": lambda r: None if r.output is None else orjson.dumps(r.output).decode(),
-    "metadata": lambda r: orjson.dumps(dict(r.metadata)).decode(),
+_RUN_NAMES = tuple(f.name for f in ENTRY_ARROW.field("run").type)
+_RUN_ATTRIBUTES = operator.attrgetter(*_RUN_NAMES)
+"""Every `RUN_STRUCT` field's attribute of a run, in the struct's order, in one call."""
+_RUN_CONVERTED: dict[str, Callable[[Any], Any]] = {
+    "status": lambda status: status.value,
+    "output": lambda output: orjson.dumps(output).decode(),
+    "metadata": lambda metadata: orjson.dumps(dict(metadata)).decode(),
 }
-"""Each field of `RUN_STRUCT`, from a run."""
+"""The `RUN_STRUCT` fields not stored as the run holds them (None stays None)."""
 
 
 def run_row(run: RunRecord) -> dict[str, Any]:
     """A run as a `RUN_STRUCT` value."""
-    return {name: value(run) for name, value in _RUN_VALUES.items()}
+    row = dict(zip(_RUN_NAMES, _RUN_ATTRIBUTES(run), strict=True))
+    for name, convert in _RUN_CONVERTED.items():
+        if row[name] is not None:
+            row[name] = convert(row[name])
+    return row
 
 
 def run_column(runs: Sequence[RunRecord | None]) -> pa.StructArray:
     """The ``run`` column of `ENTRY_ARROW` (what `run_row` gives per run), built field by
-    field: one C-level attribute fetch per run, then the three fields that are not stored
-    as they are (status, output, metadata) converted column-wise."""
+    field: one C-level attribute fetch per run, then the fields of `_RUN_CONVERTED`
+    converted column-wise."""
     run_type = ENTRY_ARROW.field("run").type
     if not runs:
         return pa.array([], run_type)
     absent = (None,) * run_type.num_fields
     values = [absent if r is None else _RUN_ATTRIBUTES(r) for r in runs]
-    names = [f.name for f in run_type]
-    columns = dict(zip(names, map(list, zip(*values, strict=True)), strict=True))
-    columns["status"] = [None if s is None else s.value for s in columns["status"]]
-    columns["output"] = [None if o is None else _json_text(o) for o in columns["output"]]
-    columns["metadata"] = [None if m is None else _json_text(dict(m)) for m in columns["metadata"]]
+    columns = dict(zip(_RUN_NAMES, map(list, zip(*values, strict=True)), strict=True))
+    for name, convert in _RUN_CONVERTED.items():
+        columns[name] = [None if v is None else convert(v) for v in columns[name]]
     arrays = [pa.array(columns[f.name], f.type) for f in run_type]
     mask = pa.array([r is None for r in runs], pa.bool_())
     return pa.StructArray.from_arrays(arrays, fields=list(run_type), mask=mask)
-
-
-_RUN_ATTRIBUTES = operator.attrgetter(*(f.name for f in ENTRY_ARROW.field("run").type))
-"""Every `RUN_STRUCT` field's attribute of a run, in the struct's order, in one call."""
-
-
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()
 
 
 async def read_entries(
