@@ -138,29 +138,21 @@ async def translated(what: str) -> AsyncIterator[None]:
         raise StoreError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
 
 
-REPLY_SWEEP_S = 0.02
-"""How often `ReplyInbox` looks for requests past their time while any is waiting: a
-request times out up to this much after its timeout."""
-
-
 class ReplyInbox:
     """Request/reply for the write path's two round trips, on one wildcard inbox.
 
     `Client.request` does the same, but waits for each reply through
-    `asyncio.wait_for`, about a fifth of a checkpoint's client CPU. Here each request
-    waits on a bare future, and one periodic sweep (every `REPLY_SWEEP_S`, only while a
-    request waits) fails the requests past their time: no timer, timeout scope or
-    cancellation per request. The subscription is made on first use and, like any
+    `asyncio.wait_for`, about a fifth of a checkpoint's client CPU; here the wait is a
+    future under `asyncio.timeout`. The subscription is made on first use and, like any
     subscription, renewed by nats-py after a reconnect.
     """
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox() + "."
-        self._waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._tokens = itertools.count()
         self._subscribed: asyncio.Future[Any] | None = None
-        self._sweep: asyncio.TimerHandle | None = None
 
     async def request(
         self, subject: str, payload: bytes, headers: dict[str, str], *, timeout_s: float
@@ -168,28 +160,21 @@ class ReplyInbox:
         """The reply to one request; nats-py's errors on failure (`TimeoutError` and
         `NoRespondersError` included), as `Client.request` raises them."""
         await self._subscribe()
-        loop = asyncio.get_running_loop()
         token = str(next(self._tokens))
-        reply: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = (reply, loop.time() + timeout_s)
-        if self._sweep is None:
-            self._sweep = loop.call_later(REPLY_SWEEP_S, self._expire, loop)
+        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = reply
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-            msg = await reply
+            try:
+                async with asyncio.timeout(timeout_s):
+                    msg = await reply
+            except TimeoutError:
+                raise nats.errors.TimeoutError from None
         finally:
             self._waiting.pop(token, None)
         if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
             raise nats.errors.NoRespondersError
         return msg
-
-    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Fail the requests past their time; run again while any request waits."""
-        now = loop.time()
-        for reply, give_up in list(self._waiting.values()):
-            if give_up <= now and not reply.done():
-                reply.set_exception(nats.errors.TimeoutError())
-        self._sweep = loop.call_later(REPLY_SWEEP_S, self._expire, loop) if self._waiting else None
 
     async def _subscribe(self) -> None:
         if self._subscribed is None:
@@ -206,9 +191,9 @@ class ReplyInbox:
             raise
 
     async def _deliver(self, msg: Msg) -> None:
-        waiting = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if waiting is not None and not waiting[0].done():
-            waiting[0].set_result(msg)
+        reply = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if reply is not None and not reply.done():
+            reply.set_result(msg)
 
 
 class NatsWal:

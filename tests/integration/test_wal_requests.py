@@ -193,9 +193,8 @@ async def test_requests_on_a_closed_connection_fail_and_do_not_hang(nc: Client) 
 async def test_concurrent_unanswered_requests_each_time_out_at_their_own_timeout(
     nc: Client,
 ) -> None:
-    """Timeouts come from one periodic sweep, not a timer per request: each request still
-    fails at its own time, one that is answered meanwhile is unaffected, and the sweep
-    starts again for requests made after the inbox was idle."""
+    """Each of several concurrent requests fails at its own time, one that is answered
+    meanwhile is unaffected, and requests made after the inbox was idle time out too."""
 
     async def answer(msg: Msg) -> None:
         await asyncio.sleep(0.25)
@@ -231,4 +230,4 @@ async def test_concurrent_unanswered_requests_each_time_out_at_their_own_timeout
         assert long_s < 3
         assert answered is not None
         assert answered.data == b"ok"
-        await asyncio.sleep(0.1)  # idle: nothing waits for a few sweep periods
+        await asyncio.sleep(0.1)  # idle: nothing waits for a while
