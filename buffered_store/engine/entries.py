@@ -4,7 +4,10 @@ front-end that wrote them. Pure: no I/O.
 On the wire an entry is one JSON object: the header's keys (``v`` the wire version,
 ``t`` thread, ``s`` seq, ``k`` kind, ``at`` time, ``w`` writer, ``j`` jump when set),
 written and checked here, and the body's keys, the front-end's (`Header`,
-`header_json`, `parse_entry`).
+`header_json`, `parse_entry`). A front-end may append raw bytes after the object,
+separated by one NUL byte (`frame`, `parse_framed`): JSON text never holds a raw NUL
+(encoders escape it), so the first NUL ends the object. Binary values then travel as
+they are instead of base64 inside the JSON.
 
 Every entry has a header the engine reads: the thread, its per-thread `seq`, the nonce of
 the writing call (`writer`), whether it starts a chain (`jump`), whether it deletes the
@@ -139,11 +142,35 @@ def header_json(header: Header) -> dict[str, Any]:
     return head
 
 
+ATTACHMENTS = b"\x00"
+"""Separates an entry's JSON object from the raw bytes a front-end appends to it."""
+
+
+def frame(obj: bytes, attachments: Iterable[bytes]) -> bytes:
+    """An entry's wire bytes: its JSON object, then the attachments, if any, after one
+    NUL byte (the front-end's body says where each one starts and ends)."""
+    parts = list(attachments)
+    if not parts:
+        return obj
+    return b"".join((obj, ATTACHMENTS, *parts))
+
+
 def parse_entry(payload: bytes) -> tuple[Header, dict[str, Any]]:
     """The header of an entry's wire bytes, checked, and the whole JSON object (for the
-    front-end's body keys); anything malformed raises `CorruptEntryError`."""
+    front-end's body keys); anything malformed raises `CorruptEntryError`. Attachments
+    (see `frame`) are ignored: `parse_framed` returns them."""
+    return parse_framed(payload)[:2]
+
+
+def parse_framed(payload: bytes) -> tuple[Header, dict[str, Any], memoryview]:
+    """`parse_entry`, plus the attachments that follow the JSON object (empty if none)."""
+    cut = payload.find(ATTACHMENTS)
+    if cut < 0:
+        text, attached = payload, memoryview(b"")
+    else:
+        text, attached = payload[:cut], memoryview(payload)[cut + 1 :]
     try:
-        data = orjson.loads(payload)
+        data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise CorruptEntryError(f"payload is not JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("v") != WIRE_VERSION:
@@ -163,7 +190,7 @@ def parse_entry(payload: bytes) -> tuple[Header, dict[str, Any]]:
     if not isinstance(writer, str):
         raise CorruptEntryError(f"entry has an invalid writer {writer!r}")
     header = Header(thread_id, seq, kind, at, writer, data.get("j", False) is True)
-    return header, data
+    return header, data, attached
 
 
 def follows(entry: Entry, seq: int) -> bool:

@@ -47,6 +47,10 @@ class LangGraphConfig(BufferedStoreConfig):
     flush_each_write: bool = False
     """Every write returns once it is in Postgres (a `force_flush` after each): no
     buffering left, for tests and for migrating off the saver gradually."""
+    wal_format: int = 2
+    """Wire format of the entries this saver writes: 2 (binary values, several
+    operations per entry); 1 only while a process older than this version still reads
+    the WAL (a rolling upgrade), which cannot read format 2. Every version reads both."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -62,6 +66,8 @@ class LangGraphConfig(BufferedStoreConfig):
             )
         if not isinstance(self.db_timeout_s, int | float) or not self.db_timeout_s > 0:
             raise ConfigError(f"db_timeout_s must be > 0, got {self.db_timeout_s!r}")
+        if self.wal_format not in (1, 2):
+            raise ConfigError(f"wal_format must be 1 or 2, got {self.wal_format!r}")
         if self.owner is not None and (not self.owner or "\x00" in self.owner):
             raise ConfigError("owner must be a non-empty string without NUL, or None")
 

@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from buffered_store.langgraph.entry import LgEntry, unb64
+import orjson
+
+from buffered_store.langgraph.entry import Delete, LgEntry, Put, Writes, delta_blob
 
 Row = dict[str, Any]
 BlobKey = tuple[str, str, str]
@@ -37,44 +39,83 @@ class TailWrite:
     upsert: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A blob of the tail that only holds the items appended to a stored base."""
+
+    type: str
+    base: BlobKey
+    count: int
+    tail: bytes
+
+
 @dataclass(slots=True)
 class Tail:
     """A thread's unflushed entries, row by row, as the flush would write them."""
 
     deleted: bool = False
     """The tail deletes the thread: stored rows no longer count."""
-    checkpoints: dict[WriteKey, dict[str, Any]] = field(default_factory=dict)
-    """(ns, checkpoint id) -> body of its ``put`` entry."""
+    checkpoints: dict[WriteKey, Put] = field(default_factory=dict)
+    """(ns, checkpoint id) -> its ``put``."""
     blobs: dict[BlobKey, tuple[str, bytes | None]] = field(default_factory=dict)
+    deltas: dict[BlobKey, Delta] = field(default_factory=dict)
+    """Blobs whose base is stored, not in the tail (completed with the stored base)."""
     writes: list[TailWrite] = field(default_factory=list)
 
 
 def fold(entries: Sequence[LgEntry]) -> Tail:
-    """The tail of `entries` (simple kinds only: put, w, claim, del) after the last delete."""
-    cut = max((i for i, e in enumerate(entries) if e.kind == "del"), default=-1)
+    """The tail of `entries` (simple kinds only: puts, writes, claims, deletes) after the
+    last delete."""
+    ops = [op for entry in entries for op in entry.ops]
+    cut = max((i for i, op in enumerate(ops) if isinstance(op, Delete)), default=-1)
     tail = Tail(deleted=cut >= 0)
-    for entry in entries[cut + 1 :]:
-        body = entry.body
-        if entry.kind == "put":
-            tail.checkpoints[(body["ns"], body["id"])] = body
-            for channel, version, type_, blob in body["b"]:
-                tail.blobs.setdefault((body["ns"], channel, version), (type_, unb64(blob)))
-        elif entry.kind == "w":
-            for idx, channel, type_, blob in body["rows"]:
+    for op in ops[cut + 1 :]:
+        if isinstance(op, Put):
+            tail.checkpoints[(op.ns, op.checkpoint_id)] = op
+            for blob in op.blobs:
+                key = (op.ns, blob.channel, blob.version)
+                if key in tail.blobs or key in tail.deltas:
+                    continue  # the first version written stays (as in Postgres)
+                if blob.base is None:
+                    tail.blobs[key] = (blob.type, blob.data)
+                    continue
+                assert blob.data is not None
+                base_key = (op.ns, blob.channel, blob.base)
+                base = tail.blobs.get(base_key)
+                if base is not None and base[1] is not None:
+                    tail.blobs[key] = (blob.type, delta_blob(base[1], blob.count, blob.data))
+                elif base_key in tail.deltas:
+                    # Based on a delta itself: chain onto its (stored) base.
+                    under = tail.deltas[base_key]
+                    tail.deltas[key] = Delta(
+                        blob.type,
+                        under.base,
+                        blob.count,
+                        under.tail + blob.data,
+                    )
+                else:
+                    tail.deltas[key] = Delta(blob.type, base_key, blob.count, blob.data)
+        elif isinstance(op, Writes):
+            for row in op.rows:
                 tail.writes.append(
                     TailWrite(
-                        body["ns"],
-                        body["id"],
-                        body["task"],
-                        idx,
-                        channel,
-                        type_,
-                        unb64(blob),
-                        body["path"],
-                        body["up"],
+                        op.ns,
+                        op.checkpoint_id,
+                        op.task_id,
+                        row.idx,
+                        row.channel,
+                        row.type,
+                        row.data,
+                        op.task_path,
+                        op.upsert,
                     )
                 )
     return tail
+
+
+def metadata_of(put: Put) -> Any:
+    """The decoded metadata of a tail checkpoint."""
+    return orjson.loads(put.metadata)
 
 
 def needs_more_rows(rows: Sequence[Row], tail: Tail, limit: int | None) -> bool:
@@ -107,22 +148,23 @@ def merge(
             key = (row["checkpoint_ns"], row["checkpoint_id"])
             if key not in tail.checkpoints:
                 merged[key] = row
-    for key, body in tail.checkpoints.items():
+    for key, put in tail.checkpoints.items():
         if ns is not None and key[0] != ns:
             continue
         if checkpoint_id is not None and key[1] != checkpoint_id:
             continue
         if before_id is not None and not key[1] < before_id:
             continue
-        if metadata_filter and not contains(body["md"], metadata_filter):
+        metadata = metadata_of(put)
+        if metadata_filter and not contains(metadata, metadata_filter):
             continue
         merged[key] = {
             "thread_id": thread_id,
             "checkpoint_ns": key[0],
             "checkpoint_id": key[1],
-            "parent_checkpoint_id": body["pid"],
-            "checkpoint": body["cp"],
-            "metadata": body["md"],
+            "parent_checkpoint_id": put.parent_id,
+            "checkpoint": orjson.loads(put.checkpoint),
+            "metadata": metadata,
             "channel_values": None,
             "pending_writes": None,
             "_pending": True,
@@ -142,7 +184,9 @@ def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[Write
             ns = row["checkpoint_ns"]
             for channel, version in row["checkpoint"].get("channel_versions", {}).items():
                 key = (ns, channel, str(version))
-                if key not in tail.blobs:
+                if key in tail.deltas:
+                    blobs.add(tail.deltas[key].base)
+                elif key not in tail.blobs:
                     blobs.add(key)
             writes.append((ns, row["checkpoint_id"]))
     return sorted(blobs), writes
@@ -163,6 +207,11 @@ def complete(
         for channel, version in row["checkpoint"].get("channel_versions", {}).items():
             bkey = (key[0], channel, str(version))
             got = stored_blobs.get(bkey) or tail.blobs.get(bkey)
+            if got is None and bkey in tail.deltas:
+                delta = tail.deltas[bkey]
+                base = stored_blobs.get(delta.base)
+                if base is not None and base[1] is not None:
+                    got = (delta.type, delta_blob(base[1], delta.count, delta.tail))
             if got is not None:
                 values.append([channel.encode(), got[0].encode(), got[1]])
         row["channel_values"] = values

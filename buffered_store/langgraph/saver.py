@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -43,9 +44,24 @@ from buffered_store.errors import (
 )
 from buffered_store.langgraph import overlay
 from buffered_store.langgraph.config import LangGraphConfig
-from buffered_store.langgraph.entry import LG_FORMAT, LgEntry, LgHot, b64, encode_entry
+from buffered_store.langgraph.entry import (
+    LG_FORMAT,
+    BlobRow,
+    Claim,
+    Delete,
+    LgEntry,
+    LgHot,
+    Op,
+    Prune,
+    Put,
+    Runs,
+    WriteRow,
+    Writes,
+    encode_entry,
+    kind_of,
+)
 from buffered_store.langgraph.sink import LangGraphSink
-from buffered_store.langgraph.validation import check_json, check_text
+from buffered_store.langgraph.validation import check_key, check_text, json_bytes
 from buffered_store.nats import NatsWal
 from buffered_store.opening import Opening
 
@@ -189,11 +205,13 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         return Seeded(seq, LgHot(seq=seq, stream_seq=0, chain_from=1), True)
 
     async def _append(
-        self, thread_id: str, kind: str, body: dict[str, Any], *, check_owner: bool = True
+        self, thread_id: str, ops: Sequence[Op], *, check_owner: bool = True
     ) -> LgEntry:
         self._check_open()
         nonce = self._writer.nonce()
         owner = self.settings.owner
+        kind = kind_of(ops)
+        wal_format = self.settings.wal_format
 
         def build(cursor: Cursor[LgHot, bool]) -> tuple[LgEntry, bytes]:
             hot = cursor.hot
@@ -209,12 +227,12 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 seq=cursor.seq + 1,
                 kind=kind,
                 at=utcnow(),
-                body=body,
+                ops=tuple(ops),
                 writer=nonce,
                 jump=cursor.jump,
             )
             try:
-                payload = encode_entry(entry)
+                payload = encode_entry(entry, wal_format=wal_format)
             except TypeError as exc:  # validation let something through orjson refuses
                 raise ValidationError(f"{kind} of thread {thread_id!r}: {exc}") from exc
             if len(payload) > self._writer.max_entry_bytes:
@@ -246,12 +264,12 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         """Append a checkpoint. Values AsyncPostgresSaver would store inline stay in
         the checkpoint JSON; the others are serialised here into blobs, as it does."""
         configurable = config["configurable"]
-        thread_id = check_text(str(configurable["thread_id"]), "thread_id")
-        ns = check_text(configurable.get("checkpoint_ns", ""), "checkpoint_ns")
+        thread_id = check_key(str(configurable["thread_id"]), "thread_id")
+        ns = check_key(configurable.get("checkpoint_ns", ""), "checkpoint_ns")
         parent = configurable.get("checkpoint_id")
         if parent is not None:
-            check_text(parent, "parent checkpoint_id")
-        cid = check_text(checkpoint["id"], "checkpoint id")
+            check_key(parent, "checkpoint_id")
+        cid = check_key(checkpoint["id"], "checkpoint_id")
         copy: dict[str, Any] = dict(checkpoint)
         copy["channel_values"] = dict(copy["channel_values"])
         blob_values: dict[str, Any] = {}
@@ -263,21 +281,18 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 pass
             else:
                 blob_values[k] = copy["channel_values"].pop(k)
-        blob_versions = {k: v for k, v in new_versions.items() if k in blob_values}
-        blobs = (
-            await asyncio.to_thread(self._dump_blobs, thread_id, ns, blob_values, blob_versions)
-            if blob_versions
-            else []
+        blobs = tuple(
+            BlobRow(check_key(ch, "channel"), check_key(str(ver), "version"), typ, blob)
+            for _, _, ch, ver, typ, blob in self._dump_blobs(
+                thread_id,
+                ns,
+                blob_values,
+                {k: v for k, v in new_versions.items() if k in blob_values},
+            )
         )
         md = get_serializable_checkpoint_metadata(config, metadata)
-        check_json(copy, "checkpoint")
-        check_json(md, "metadata")
-        rows = [
-            [check_text(ch, "channel"), check_text(str(ver), "version"), typ, b64(blob)]
-            for _, _, ch, ver, typ, blob in blobs
-        ]
-        body = {"ns": ns, "id": cid, "pid": parent, "cp": copy, "md": md, "b": rows}
-        await self._append(thread_id, "put", body)
+        op = Put(ns, cid, parent, json_bytes(copy, "checkpoint"), json_bytes(md, "metadata"), blobs)
+        await self._append(thread_id, [op])
         return {
             "configurable": {
                 "thread_id": configurable["thread_id"],
@@ -297,26 +312,24 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         if not writes:
             return
         configurable = config["configurable"]
-        thread_id = check_text(str(configurable["thread_id"]), "thread_id")
-        ns = check_text(configurable.get("checkpoint_ns", ""), "checkpoint_ns")
-        cid = check_text(configurable["checkpoint_id"], "checkpoint_id")
-        check_text(task_id, "task_id")
+        thread_id = check_key(str(configurable["thread_id"]), "thread_id")
+        ns = check_key(configurable.get("checkpoint_ns", ""), "checkpoint_ns")
+        cid = check_key(configurable["checkpoint_id"], "checkpoint_id")
+        check_key(task_id, "task_id")
         check_text(task_path, "task_path")
         upsert = all(w[0] in WRITES_IDX_MAP for w in writes)
-        dumped = await asyncio.to_thread(
-            self._dump_writes, thread_id, ns, cid, task_id, task_path, writes
+        rows = tuple(
+            WriteRow(idx, check_key(ch, "channel"), typ, blob)
+            for _, _, _, _, _, idx, ch, typ, blob in self._dump_writes(
+                thread_id, ns, cid, task_id, task_path, writes
+            )
         )
-        rows = [
-            [idx, check_text(ch, "channel"), typ, b64(blob)]
-            for _, _, _, _, _, idx, ch, typ, blob in dumped
-        ]
-        body = {"ns": ns, "id": cid, "task": task_id, "path": task_path, "up": upsert, "rows": rows}
-        await self._append(thread_id, "w", body)
+        await self._append(thread_id, [Writes(ns, cid, task_id, task_path, upsert, rows)])
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread (every namespace); entries written before are never
         flushed back in. Allowed whoever claimed the thread."""
-        await self._append(check_text(str(thread_id), "thread_id"), "del", {}, check_owner=False)
+        await self._append(check_key(str(thread_id), "thread_id"), [Delete()], check_owner=False)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (with its writes and
@@ -327,7 +340,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
-        ids = [check_text(str(tid), "thread_id") for tid in thread_ids]
+        ids = [check_key(str(tid), "thread_id") for tid in thread_ids]
         if strategy == "keep_latest" and ids:
             for tid in ids:
                 await self.force_flush(tid)
@@ -335,9 +348,9 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 raise NotImplementedError(
                     "keep_latest can't prune threads that use a DeltaChannel: " + ", ".join(delta)
                 )
-        kind = "del" if strategy == "delete" else "prune"
+        op: Op = Delete() if strategy == "delete" else Prune()
         for tid in ids:
-            await self._append(tid, kind, {}, check_owner=False)
+            await self._append(tid, [op], check_owner=False)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata ``run_id`` is one of `run_ids`, with
@@ -347,25 +360,34 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         if not runs:
             return
         self._check_open()
-        threads = await self.sink.threads_with_runs(runs)
+        # The unflushed entries first, Postgres after: a checkpoint a flusher commits
+        # meanwhile is then in one or the other. (The other way round, one committed
+        # between the two reads is in neither: it was not in Postgres yet, and is no
+        # longer pending.)
+        threads: set[str] = set()
         for pending in await self._pending.scan():
             entries = await self._log.entries_between(
                 pending.thread_id, pending.flushed_seq, pending.record.seq, pending.record
             )
-            if any(e.kind == "put" and e.body["md"].get("run_id") in runs for e in entries):
+            if any(
+                isinstance(op, Put) and orjson.loads(op.metadata).get("run_id") in runs
+                for e in entries
+                for op in e.ops
+            ):
                 threads.add(pending.thread_id)
+        threads |= await self.sink.threads_with_runs(runs)
         for tid in sorted(threads):
-            await self._append(tid, "runs", {"runs": runs}, check_owner=False)
+            await self._append(tid, [Runs(tuple(runs))], check_owner=False)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, write and blob of the source thread (flushed first) to
         the target, as one entry of the target (rows with the same keys are replaced)."""
-        src = check_text(str(source_thread_id), "source_thread_id")
-        dst = check_text(str(target_thread_id), "target_thread_id")
+        src = check_key(str(source_thread_id), "thread_id")
+        dst = check_key(str(target_thread_id), "thread_id")
         await self.force_flush(src)
-        body = await self.sink.copy_body(src)
-        if body["cps"]:
-            await self._append(dst, "copy", body)
+        copy = await self.sink.copy_rows(src)
+        if copy.checkpoints:
+            await self._append(dst, [copy])
 
     async def claim(self, thread_id: str) -> None:
         """Make this saver's ``owner`` the only writer of the thread from now on: savers
@@ -373,8 +395,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         Delete, prune, delete_for_runs and another claim stay open to anyone."""
         if self.settings.owner is None:
             raise ValidationError("claim needs a saver configured with an owner")
-        tid = check_text(str(thread_id), "thread_id")
-        await self._append(tid, "claim", {"owner": self.settings.owner}, check_owner=False)
+        tid = check_key(str(thread_id), "thread_id")
+        await self._append(tid, [Claim(self.settings.owner)], check_owner=False)
 
     # -- flushing -----------------------------------------------------------------------
 

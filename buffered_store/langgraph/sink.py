@@ -3,14 +3,17 @@
 ``langgraph-checkpoint-postgres``'s ``setup()``) plus one table of ours holding each
 thread's watermark, all in one transaction.
 
-The SQL of put and put_writes is AsyncPostgresSaver's own (imported from
-``langgraph.checkpoint.postgres.base``), run per entry in seq order, so after a flush the
-three tables hold what AsyncPostgresSaver would have written for the same calls.
+A flush of any number of threads costs two round trips: the watermark rows are created
+and locked (with the stored bases of delta blobs read in the same pipeline), then every
+statement `langgraph.flushplan` plans for the batch is pipelined with ``COMMIT``. After
+it the three tables hold what AsyncPostgresSaver would have written for the same calls.
+A statement Postgres rejects fails only its thread (found by isolating the threads'
+statements), and errors are told apart by SQLSTATE (`stores.postgres_errors`), not by
+the driver's exception class.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
@@ -19,27 +22,33 @@ import psycopg
 import psycopg_pool
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.postgres.base import (
-    INSERT_CHECKPOINT_WRITES_SQL,
     PRUNE_DELTA_THREADS_SQL,
     PRUNE_SNAPSHOT_SQL,
     SELECT_SQL,
-    UPSERT_CHECKPOINT_BLOBS_SQL,
-    UPSERT_CHECKPOINT_WRITES_SQL,
-    UPSERT_CHECKPOINTS_SQL,
     _keep_latest,
 )
 from psycopg.rows import DictRow, dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from buffered_store.engine.entries import chain_after
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
-from buffered_store.errors import DatabaseUnavailableError
-from buffered_store.langgraph.entry import LgEntry, b64, unb64
+from buffered_store.errors import (
+    ConflictError,
+    DatabaseUnavailableError,
+    StoreError,
+)
+from buffered_store.langgraph import flushplan
+from buffered_store.langgraph.entry import Copy, LgEntry, Prune
+from buffered_store.langgraph.flushplan import (
+    CREATE_ROWS,
+    LOCK_ROWS,
+    SELECT_BASES,
+    WATERMARKS,
+    PruneWork,
+    Statement,
+)
+from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, retry_in_place
 
 Connection: TypeAlias = psycopg.AsyncConnection[DictRow]
-
-WATERMARKS = "bufstore_lg_threads"
 
 CREATE_WATERMARKS = f"""
 CREATE TABLE IF NOT EXISTS {WATERMARKS} (
@@ -48,42 +57,12 @@ CREATE TABLE IF NOT EXISTS {WATERMARKS} (
     owner TEXT
 )"""
 
-CREATE_ROWS = f"""
-INSERT INTO {WATERMARKS} (thread_id)
-SELECT t FROM unnest(%s::text[]) AS t ORDER BY t COLLATE "C"
-ON CONFLICT DO NOTHING"""
-
-LOCK_ROWS = f"""
-SELECT thread_id, flushed_seq FROM {WATERMARKS}
-WHERE thread_id = ANY(%s) ORDER BY thread_id COLLATE "C" FOR UPDATE"""
-
-SET_WATERMARK = f"UPDATE {WATERMARKS} SET flushed_seq = %s WHERE thread_id = %s"
-
-DELETE_THREAD_SQL = (
-    "DELETE FROM checkpoints WHERE thread_id = %s",
-    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
-    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
-)
-
-RUNS_CHECKPOINTS_SQL = """
-DELETE FROM checkpoints WHERE thread_id = %s AND metadata ->> 'run_id' = ANY(%s)
-RETURNING checkpoint_ns, checkpoint_id"""
-
-RUNS_WRITES_SQL = """
-DELETE FROM checkpoint_writes
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)"""
-
-GARBAGE_BLOBS_SQL = """
-DELETE FROM checkpoint_blobs b
-WHERE b.thread_id = %s AND b.checkpoint_ns = %s AND NOT EXISTS (
-    SELECT 1 FROM checkpoints c
-    WHERE c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns
-    AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)"""
-
-COPY_CHECKPOINT_WRITES_SQL = UPSERT_CHECKPOINT_WRITES_SQL
+APPLY_ATTEMPTS = 5
+"""Runs of one flush transaction a deadlock or serialization failure may take."""
 
 COPY_CHECKPOINTS_SQL = """
-SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata
+SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+    checkpoint::text AS checkpoint, metadata::text AS metadata
 FROM checkpoints WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id"""
 
 COPY_BLOBS_SQL = """
@@ -93,6 +72,54 @@ WHERE thread_id = %s ORDER BY checkpoint_ns, channel, version"""
 COPY_WRITES_SQL = """
 SELECT checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
 FROM checkpoint_writes WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id, task_id, idx"""
+
+
+def failure_of(error: BaseException) -> DbFailure:
+    """What a psycopg error means, by its SQLSTATE (a rejected index row is raised as an
+    OperationalError, like a lost connection); without one, by its class."""
+    found = classify_sqlstate(getattr(error, "sqlstate", None))
+    if found is not None:
+        return found
+    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError | OSError):
+        return DbFailure.UNAVAILABLE
+    return DbFailure.OTHER
+
+
+def translate(error: BaseException, what: str) -> StoreError:
+    """Our error for a psycopg error met while doing `what` (raise it ``from`` it)."""
+    failure = failure_of(error)
+    if failure is DbFailure.UNAVAILABLE:
+        return DatabaseUnavailableError(f"{what}: {error}")
+    if failure is DbFailure.CONFLICT:
+        return ConflictError(f"{what}: {error}")
+    return StoreError(f"{what}: {error}")
+
+
+class _Rejected(Exception):
+    """A statement of a flush failed: the batches (threads) it wrote for, what the
+    failure means, and the message to report."""
+
+    def __init__(
+        self, batches: tuple[int, ...], failure: DbFailure, message: str, sqlstate: str | None
+    ) -> None:
+        super().__init__(message)
+        self.batches = batches
+        self.failure = failure
+        self.message = message
+        self.sqlstate = sqlstate
+
+    @classmethod
+    def of(cls, statement: Statement | None, error: psycopg.Error) -> _Rejected:
+        message = f"Postgres rejected the data ({error.sqlstate}): {error}"
+        batches = statement.batches if statement is not None else ()
+        return cls(batches, failure_of(error), message, error.sqlstate)
+
+    def translated(self) -> StoreError:
+        if self.failure is DbFailure.UNAVAILABLE:
+            return DatabaseUnavailableError(f"flush: {self}")
+        if self.failure is DbFailure.CONFLICT:
+            return ConflictError(f"flush: {self}")
+        return StoreError(f"flush: {self}")
 
 
 class LangGraphSink:
@@ -106,6 +133,16 @@ class LangGraphSink:
         self.timeout_s = timeout_s
         """Longest wait for a pooled connection (`DatabaseUnavailableError` after it)."""
         self.transactions = 0
+        self._marks: dict[str, int] = {}
+        """Watermarks the last flush transaction locked (a rejected thread's outcome
+        reports its own)."""
+        self.stats = dict.fromkeys(
+            ("round_trips", "statements", "isolated_runs", "conflict_retries", "rejected"), 0
+        )
+        """Counters: pipeline syncs and single statements of flushes (``round_trips``),
+        statements pipelined, transactions run again with every thread isolated after a
+        statement was rejected, after a deadlock or serialization failure, and threads
+        whose data Postgres rejected."""
 
     @classmethod
     async def open(
@@ -132,12 +169,16 @@ class LangGraphSink:
 
     @asynccontextmanager
     async def connection(self, what: str) -> AsyncIterator[Connection]:
-        """A pooled connection; connection failures raise `DatabaseUnavailableError`."""
+        """A pooled connection; failures meaning Postgres is not there (by SQLSTATE, or
+        by class when there is none) raise `DatabaseUnavailableError`, any other psycopg
+        error our translated `StoreError`."""
         try:
             async with self.pool.connection(timeout=self.timeout_s) as conn:
                 yield conn
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+        except psycopg_pool.PoolTimeout as exc:
             raise DatabaseUnavailableError(f"{what}: {exc}") from exc
+        except psycopg.Error as exc:
+            raise translate(exc, what) from exc
 
     async def setup(self) -> None:
         """LangGraph's own migrations (AsyncPostgresSaver.setup), then our watermarks."""
@@ -161,49 +202,148 @@ class LangGraphSink:
         return out
 
     async def apply(self, batches: Sequence[Sequence[LgEntry]]) -> list[ApplyOutcome]:
-        """One transaction for the batch: watermark rows created, then locked, in code
-        point order (concurrent flushers cannot deadlock), each thread's chain applied in
-        a savepoint after the entries at or below its watermark are dropped."""
-        outcomes: list[ApplyOutcome] = []
-        async with self.connection("flush") as conn, conn.transaction():
-            self.transactions += 1
-            ids = sorted({b[0].thread_id for b in batches if b})
-            async with conn.cursor() as cur:
-                await cur.execute(CREATE_ROWS, (ids,))
-                await cur.execute(LOCK_ROWS, (ids,))
-                marks = {r["thread_id"]: r["flushed_seq"] for r in await cur.fetchall()}
-            for batch in batches:
-                outcomes.append(await self._apply_thread(conn, batch, marks))
-        return outcomes
+        """One transaction for all the batches, in two round trips (see the module doc).
 
-    async def _apply_thread(
-        self, conn: Connection, batch: Sequence[LgEntry], marks: dict[str, int]
-    ) -> ApplyOutcome:
-        if not batch:
-            return ApplyOutcome("", ApplyStatus.FAILED, 0, error="empty batch", retriable=False)
-        thread_id = batch[0].thread_id
-        mark = marks.get(thread_id, 0)
-        if not any(e.seq > mark for e in batch):
-            return ApplyOutcome(thread_id, ApplyStatus.STALE, mark)
-        chain = chain_after(batch, mark)
-        if not chain:
-            return ApplyOutcome(thread_id, ApplyStatus.GAP, mark, missing_from=mark + 1)
+        Watermark rows are created, then locked, in code point order, so concurrent
+        flushers cannot deadlock (a deadlock or serialization failure still runs the
+        transaction again, up to `APPLY_ATTEMPTS` runs). A thread whose statement
+        Postgres rejects is FAILED (not retriable) and the others are applied without
+        it; losing Postgres raises `DatabaseUnavailableError` (nothing committed).
+        """
+        outcomes: dict[int, ApplyOutcome] = {}
+        live: list[int] = []
+        for index, batch in enumerate(batches):
+            if batch:
+                live.append(index)
+            else:
+                outcomes[index] = ApplyOutcome(
+                    "", ApplyStatus.FAILED, 0, error="empty batch", retriable=False
+                )
+        isolated = False
+        conflicts = 0
+        async with self.connection("flush") as conn:
+            while live:
+                try:
+                    outcomes.update(await self._transaction(conn, batches, live, isolated=isolated))
+                    break
+                except _Rejected as rejected:
+                    await _rollback(conn)
+                    if rejected.failure is DbFailure.CONFLICT and retry_in_place(
+                        rejected.sqlstate, conflicts + 1, attempts=APPLY_ATTEMPTS
+                    ):
+                        conflicts += 1
+                        self.stats["conflict_retries"] += 1
+                        continue
+                    culprits = rejected.batches
+                    if rejected.failure is not DbFailure.DATA or not culprits:
+                        raise rejected.translated() from rejected.__cause__
+                    if len(culprits) > 1:
+                        # A statement of several threads: run again with every thread's
+                        # statements apart, to learn whose rows it was.
+                        self.stats["isolated_runs"] += 1
+                        isolated = True
+                        continue
+                    [culprit] = culprits
+                    self.stats["rejected"] += 1
+                    thread_id = batches[culprit][0].thread_id
+                    outcomes[culprit] = ApplyOutcome(
+                        thread_id,
+                        ApplyStatus.FAILED,
+                        self._marks.get(thread_id, 0),
+                        error=rejected.message,
+                        retriable=False,
+                    )
+                    live.remove(culprit)
+                    isolated = False
+        return [outcomes[index] for index in range(len(batches))]
+
+    async def _transaction(
+        self,
+        conn: Connection,
+        batches: Sequence[Sequence[LgEntry]],
+        live: list[int],
+        *,
+        isolated: bool,
+    ) -> dict[int, ApplyOutcome]:
+        ids = sorted({flushplan.thread_of(batches[i]) for i in live})
+        wanted = flushplan.wanted_bases([batches[i] for i in live])
+        first: list[Statement] = [
+            Statement("BEGIN", (), ()),
+            Statement(CREATE_ROWS, (ids,), ()),
+            Statement(LOCK_ROWS, (ids,), ()),
+        ]
+        if wanted:
+            first.append(Statement(SELECT_BASES, [list(c) for c in zip(*wanted, strict=True)], ()))
+        cursors = await self._pipeline(conn, first)
+        marks = {r["thread_id"]: r["flushed_seq"] for r in await cursors[2].fetchall()}
+        self._marks = marks
+        bases: dict[tuple[str, str, str, str], bytes | None] = {}
+        if wanted:
+            for r in await cursors[3].fetchall():
+                bases[(r["thread_id"], r["checkpoint_ns"], r["channel"], r["version"])] = r["blob"]
+        planned = flushplan.plan(batches, live, marks, bases, isolated=isolated)
+        statements = list(planned.statements)
+        if not planned.pruning:
+            statements.append(Statement("COMMIT", (), ()))
+        await self._pipeline(conn, statements)
+        if planned.pruning:
+            for work in planned.pruning:
+                await self._prune(conn, work)
+            await self._pipeline(conn, [Statement("COMMIT", (), ())])
+        self.transactions += 1
+        return planned.outcomes
+
+    async def _pipeline(
+        self, conn: Connection, statements: Sequence[Statement]
+    ) -> list[psycopg.AsyncCursor[DictRow]]:
+        """Run the statements in one round trip; their cursors, in order. A statement
+        that fails raises `_Rejected` naming it (found as the first without a result)."""
+        cursors: list[psycopg.AsyncCursor[DictRow]] = []
+        self.stats["round_trips"] += 1
+        self.stats["statements"] += len(statements)
+        sending: Statement | None = None
         try:
-            # A savepoint: one bad thread fails alone.
-            async with conn.transaction(), conn.cursor() as cur:
-                for entry in chain:
-                    await apply_entry(cur, entry)
-                await cur.execute(SET_WATERMARK, (chain[-1].seq, thread_id))
-        except (psycopg.DataError, psycopg.IntegrityError, NotImplementedError, ValueError) as exc:
-            return ApplyOutcome(
-                thread_id,
-                ApplyStatus.FAILED,
-                mark,
-                error=f"{type(exc).__name__}: {exc}",
-                retriable=False,
+            async with conn.pipeline() as pipeline:
+                for statement in statements:
+                    sending = statement  # parameters the client cannot send fail here
+                    cur = conn.cursor()
+                    await cur.execute(statement.sql, statement.params or None)
+                    cursors.append(cur)
+                sending = None
+                await pipeline.sync()
+        except psycopg.Error as exc:
+            failed = sending or next(
+                (s for s, c in zip(statements, cursors, strict=True) if c.pgresult is None), None
             )
-        marks[thread_id] = chain[-1].seq
-        return ApplyOutcome(thread_id, ApplyStatus.APPLIED, chain[-1].seq)
+            raise _Rejected.of(failed, exc) from exc
+        return cursors
+
+    async def _prune(self, conn: Connection, work: PruneWork) -> None:
+        """A pruning thread's operations, one statement at a time (inside the flush
+        transaction, which holds the thread's watermark lock)."""
+        for op in work.ops:
+            if not isinstance(op, Prune):
+                statements = [
+                    Statement(sql, params, (work.batch,))
+                    for sql, params in flushplan.op_statements(work.thread_id, op)
+                ]
+                if statements:
+                    await self._pipeline(conn, statements)
+                continue
+            # AsyncPostgresSaver's own keep_latest statements, minus its isolation level.
+            steps = _keep_latest(work.thread_id)
+            try:
+                sql, params, fetch = next(steps)
+                while True:
+                    rows: list[Any] = []
+                    if sql != PRUNE_SNAPSHOT_SQL:
+                        [cur] = await self._pipeline(conn, [Statement(sql, params, (work.batch,))])
+                        rows = await cur.fetchall() if fetch else []
+                    sql, params, fetch = steps.send(rows)
+            except StopIteration:
+                pass
+            except NotImplementedError as exc:  # the thread started using a DeltaChannel
+                raise _Rejected((work.batch,), DbFailure.DATA, str(exc), None) from exc
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -292,28 +432,28 @@ class LangGraphSink:
             cur = await conn.execute(PRUNE_DELTA_THREADS_SQL, (ids, ids))
             return sorted(r["thread_id"] for r in await cur.fetchall())
 
-    async def copy_body(self, thread_id: str) -> dict[str, list[list[Any]]]:
-        """Every stored row of the thread, as the body of a ``copy`` entry."""
+    async def copy_rows(self, thread_id: str) -> Copy:
+        """Every stored row of the thread, as a `Copy` operation (JSON as stored)."""
         async with self.connection("read thread") as conn, conn.cursor(binary=True) as cur:
             await cur.execute(COPY_CHECKPOINTS_SQL, (thread_id,))
-            cps = [
-                [
+            cps = tuple(
+                (
                     r["checkpoint_ns"],
                     r["checkpoint_id"],
                     r["parent_checkpoint_id"],
-                    r["checkpoint"],
-                    r["metadata"],
-                ]
+                    r["checkpoint"].encode(),
+                    r["metadata"].encode(),
+                )
                 for r in await cur.fetchall()
-            ]
+            )
             await cur.execute(COPY_BLOBS_SQL, (thread_id,))
-            bl = [
-                [r["checkpoint_ns"], r["channel"], r["version"], r["type"], b64(r["blob"])]
+            blobs = tuple(
+                (r["checkpoint_ns"], r["channel"], r["version"], r["type"], r["blob"])
                 for r in await cur.fetchall()
-            ]
+            )
             await cur.execute(COPY_WRITES_SQL, (thread_id,))
-            ws = [
-                [
+            writes = tuple(
+                (
                     r["checkpoint_ns"],
                     r["checkpoint_id"],
                     r["task_id"],
@@ -321,83 +461,13 @@ class LangGraphSink:
                     r["idx"],
                     r["channel"],
                     r["type"],
-                    b64(r["blob"]),
-                ]
+                    r["blob"],
+                )
                 for r in await cur.fetchall()
-            ]
-        return {"cps": cps, "bl": bl, "ws": ws}
+            )
+        return Copy(cps, blobs, writes)
 
 
-async def apply_entry(cur: psycopg.AsyncCursor[DictRow], entry: LgEntry) -> None:
-    """The SQL of one entry (inside the thread's transaction, after the ones before it)."""
-    tid, body = entry.thread_id, entry.body
-    if entry.kind == "put":
-        ns = body["ns"]
-        if body["b"]:
-            await cur.executemany(
-                UPSERT_CHECKPOINT_BLOBS_SQL,
-                [(tid, ns, ch, ver, typ, unb64(blob)) for ch, ver, typ, blob in body["b"]],
-            )
-        await cur.execute(
-            UPSERT_CHECKPOINTS_SQL,
-            (tid, ns, body["id"], body["pid"], Jsonb(body["cp"]), Jsonb(body["md"])),
-        )
-    elif entry.kind == "w":
-        sql = UPSERT_CHECKPOINT_WRITES_SQL if body["up"] else INSERT_CHECKPOINT_WRITES_SQL
-        await cur.executemany(
-            sql,
-            [
-                (tid, body["ns"], body["id"], body["task"], body["path"], idx, ch, typ, unb64(b))
-                for idx, ch, typ, b in body["rows"]
-            ],
-        )
-    elif entry.kind == "del":
-        for sql in DELETE_THREAD_SQL:
-            await cur.execute(sql, (tid,))
-    elif entry.kind == "runs":
-        await cur.execute(RUNS_CHECKPOINTS_SQL, (tid, body["runs"]))
-        gone = await cur.fetchall()
-        for ns, group in itertools.groupby(
-            sorted((r["checkpoint_ns"], r["checkpoint_id"]) for r in gone), key=lambda r: r[0]
-        ):
-            await cur.execute(RUNS_WRITES_SQL, (tid, ns, [cid for _, cid in group]))
-            await cur.execute(GARBAGE_BLOBS_SQL, (tid, ns))
-    elif entry.kind == "prune":
-        # AsyncPostgresSaver's own keep_latest statements, minus its isolation level (we
-        # are inside the flush transaction, which holds the thread's watermark lock).
-        statements = _keep_latest(tid)
-        try:
-            sql, params, fetch = next(statements)
-            while True:
-                rows: list[Any] = []
-                if sql != PRUNE_SNAPSHOT_SQL:
-                    await cur.execute(sql, params, prepare=False)
-                    rows = await cur.fetchall() if fetch else []
-                sql, params, fetch = statements.send(rows)
-        except StopIteration:
-            pass
-    elif entry.kind == "copy":
-        if body["bl"]:
-            await cur.executemany(
-                UPSERT_CHECKPOINT_BLOBS_SQL,
-                [(tid, ns, ch, ver, typ, unb64(b)) for ns, ch, ver, typ, b in body["bl"]],
-            )
-        if body["cps"]:
-            await cur.executemany(
-                UPSERT_CHECKPOINTS_SQL,
-                [(tid, ns, cid, pid, Jsonb(cp), Jsonb(md)) for ns, cid, pid, cp, md in body["cps"]],
-            )
-        if body["ws"]:
-            await cur.executemany(
-                COPY_CHECKPOINT_WRITES_SQL,
-                [
-                    (tid, ns, cid, task, path, idx, ch, typ, unb64(b))
-                    for ns, cid, task, path, idx, ch, typ, b in body["ws"]
-                ],
-            )
-    elif entry.kind == "claim":
-        await cur.execute(
-            f"UPDATE {WATERMARKS} SET owner = %s WHERE thread_id = %s", (body["owner"], tid)
-        )
-    else:
-        raise ValueError(f"unknown entry kind {entry.kind!r}")
+async def _rollback(conn: Connection) -> None:
+    """End the failed transaction (the connection stays in the pool)."""
+    await conn.execute("ROLLBACK")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
 from buffered_store.errors import ValidationError
+from buffered_store.langgraph.entry import KEY_LIMITS
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -31,6 +34,31 @@ def check_text(value: Any, what: str) -> str:
     except UnicodeEncodeError:
         raise ValidationError(f"{what} is not valid Unicode (lone surrogate)") from None
     return value
+
+
+def check_key(value: Any, what: str) -> str:
+    """`value` if it is a key Postgres can index: `check_text`, and at most its kind's
+    limit of UTF-8 bytes (`entry.KEY_LIMITS`; longer keys would make Postgres refuse
+    the index row at flush time, long after the write was acknowledged)."""
+    text = check_text(value, what)
+    limit = KEY_LIMITS[what]
+    if len(text) > limit // 4:  # only a long string can be too long in bytes
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise ValidationError(
+                f"{what} is {size} bytes in UTF-8; at most {limit} fit a Postgres index row"
+            )
+    return text
+
+
+def json_bytes(value: Any, where: str) -> bytes:
+    """The JSON text of `value`, after `check_json` refused what Postgres jsonb or the
+    WAL would not take."""
+    check_json(value, where)
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:  # check_json names the path of anything orjson refuses
+        raise ValidationError(f"{where} cannot be encoded as JSON: {exc}") from exc
 
 
 def check_json(value: Any, where: str) -> None:

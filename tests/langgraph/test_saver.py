@@ -171,3 +171,28 @@ async def test_a_closed_saver_refuses_calls(lg_config: LangGraphConfig) -> None:
         await put(saver, thread())
     with pytest.raises(StoreClosedError):
         await saver.aget_tuple(cfg(thread()))
+
+
+async def test_delete_for_runs_sees_a_checkpoint_flushed_while_it_looks(
+    saver: BufferedCheckpointSaver,
+) -> None:
+    """Issue 24, defect 1, the interleaving made deterministic: a flusher commits the
+    run's checkpoint right after delete_for_runs asked Postgres which threads hold the
+    run. Looking in Postgres first and in the unflushed entries second found it in
+    neither (not yet in Postgres, no longer pending) and left it in place."""
+    tid = thread()
+    cp = generate_checkpoint()
+    run_config = cfg(tid)
+    run_config["metadata"] = {"run_id": "doomed"}
+    await saver.aput(run_config, cp, {"source": "loop", "step": 1}, {})
+    asked = saver.sink.threads_with_runs
+
+    async def flushed_meanwhile(run_ids: Any) -> set[str]:
+        found = await asked(run_ids)
+        await saver.force_flush(tid)  # what an embedded flusher may do at this moment
+        return found
+
+    saver.sink.threads_with_runs = flushed_meanwhile  # type: ignore[method-assign]
+    await saver.adelete_for_runs(["doomed"])
+    listed = [t async for t in saver.alist(cfg(tid))]
+    assert [t.metadata.get("run_id") for t in listed] == []

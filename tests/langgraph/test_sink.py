@@ -1,0 +1,191 @@
+"""`LangGraphSink.apply` against real Postgres: a flush costs two round trips whatever
+the number of threads, a thread whose data Postgres rejects fails alone while the others
+of the same call are applied, and a bad entry never stalls the flusher of every thread
+(it is quarantined, the other threads flow). DESIGN invariant 10; issue 24, defect 4."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import orjson
+import psycopg
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.keys import msg_id, wal_subject
+from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
+from buffered_store.langgraph.entry import (
+    BlobRow,
+    LgEntry,
+    Put,
+    WriteRow,
+    Writes,
+    encode_entry,
+)
+from buffered_store.langgraph.sink import LangGraphSink, failure_of
+from buffered_store.nats import NatsWal
+from buffered_store.stores.postgres_errors import DbFailure
+from flusher import Flusher
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def thread() -> str:
+    return f"s-{uuid.uuid4().hex[:10]}"
+
+
+def put_entry(thread_id: str, seq: int, cid: str, checkpoint: bytes = b'{"v": 4}') -> LgEntry:
+    blob = BlobRow("m", str(seq), "msgpack", b"\x90")
+    op = Put("", cid, None, checkpoint, b'{"step": 1}', (blob,))
+    writes = Writes("", cid, "task", "", False, (WriteRow(0, "x", "json", b"1"),))
+    return LgEntry(thread_id=thread_id, seq=seq, kind="o", at=T, ops=(op, writes))
+
+
+@pytest.fixture
+async def sink(lg_tables: str) -> AsyncIterator[LangGraphSink]:
+    opened = await LangGraphSink.open(lg_tables)
+    yield opened
+    await opened.close()
+
+
+async def stored_checkpoints(dsn: str, thread_ids: list[str]) -> dict[str, list[str]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT thread_id, checkpoint_id FROM checkpoints WHERE thread_id = ANY(%s) "
+            "ORDER BY checkpoint_id",
+            (thread_ids,),
+        )
+        found: dict[str, list[str]] = {t: [] for t in thread_ids}
+        for tid, cid in await cur.fetchall():
+            found[tid].append(cid)
+        return found
+
+
+@pytest.mark.parametrize("threads", [1, 8, 64])
+async def test_a_flush_costs_two_round_trips_whatever_the_number_of_threads(
+    sink: LangGraphSink, lg_tables: str, threads: int
+) -> None:
+    ids = [thread() for _ in range(threads)]
+    before = sink.stats["round_trips"]
+    outcomes = await sink.apply(
+        [[put_entry(t, 1, "c1"), put_entry(t, 2, "c2"), put_entry(t, 3, "c3")] for t in ids]
+    )
+    assert [o.status for o in outcomes] == [ApplyStatus.APPLIED] * threads
+    assert sink.stats["round_trips"] - before == 2
+    assert await sink.flushed_seqs(ids) == dict.fromkeys(ids, 3)
+    assert await stored_checkpoints(lg_tables, ids) == {t: ["c1", "c2", "c3"] for t in ids}
+
+
+async def test_a_thread_whose_rows_postgres_rejects_fails_alone(
+    sink: LangGraphSink, lg_tables: str
+) -> None:
+    good, bad, other = thread(), thread(), thread()
+    outcomes = await sink.apply(
+        [
+            [put_entry(good, 1, "c1")],
+            [put_entry(bad, 1, "c1"), put_entry(bad, 2, "c2", checkpoint=b"{not json")],
+            [put_entry(other, 1, "c1")],
+        ]
+    )
+    assert [o.status for o in outcomes] == [
+        ApplyStatus.APPLIED,
+        ApplyStatus.FAILED,
+        ApplyStatus.APPLIED,
+    ]
+    failed = outcomes[1]
+    assert not failed.retriable
+    assert "22P02" in (failed.error or "")
+    assert failed.flushed_seq == 0
+    assert sink.stats["rejected"] == 1
+    assert sink.stats["isolated_runs"] == 1
+    assert await sink.flushed_seqs([good, bad, other]) == {good: 1, bad: 0, other: 1}
+    assert await stored_checkpoints(lg_tables, [good, bad, other]) == {
+        good: ["c1"],
+        bad: [],
+        other: ["c1"],
+    }
+
+
+def test_errors_are_told_apart_by_sqlstate_not_by_class() -> None:
+    # Postgres refuses an index row too large with SQLSTATE 54000, which psycopg raises
+    # as an OperationalError, the class of a lost connection.
+    too_large = psycopg.errors.ProgramLimitExceeded("index row size 5400 exceeds maximum")
+    assert isinstance(too_large, psycopg.OperationalError)
+    assert failure_of(too_large) is DbFailure.DATA
+    assert failure_of(psycopg.OperationalError("connection lost")) is DbFailure.UNAVAILABLE
+    assert failure_of(psycopg.errors.DeadlockDetected()) is DbFailure.CONFLICT
+
+
+async def publish_raw(
+    wal: NatsWal, config: LangGraphConfig, thread_id: str, payload: bytes
+) -> None:
+    await wal.publish(
+        wal_subject(config.stream_name, thread_id),
+        payload,
+        msg_id=msg_id(thread_id, 1),
+        expected_last_subject_seq=0,
+    )
+
+
+def v1_put(thread_id: str, *, ns: str = "", drop: str = "") -> bytes:
+    body = {
+        "v": 1,
+        "t": thread_id,
+        "s": 1,
+        "k": "put",
+        "at": T.isoformat(),
+        "w": "",
+        "ns": ns,
+        "id": "c1",
+        "pid": None,
+        "cp": {"v": 4},
+        "md": {"step": 0},
+        "b": [],
+    }
+    body.pop(drop, None)
+    return orjson.dumps(body)
+
+
+async def test_bad_entries_are_quarantined_while_every_other_thread_flows(
+    lg_config: LangGraphConfig,
+) -> None:
+    """Issue 24, defect 4: a 5,300-character namespace (Postgres refuses its index row,
+    SQLSTATE 54000) and a body missing a key each stalled every thread's flush; the
+    first was retried forever as an outage, the second failed every cycle."""
+    config = lg_config.replace(poison_attempts=2, drain_on_close=False)
+    long_ns, missing_key, rejected = thread(), thread(), thread()
+    good = [thread() for _ in range(4)]
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        wal = saver.wal
+        assert isinstance(wal, NatsWal)
+        await publish_raw(wal, config, long_ns, v1_put(long_ns, ns="n" * 5300))
+        await publish_raw(wal, config, missing_key, v1_put(missing_key, drop="md"))
+        await publish_raw(
+            wal, config, rejected, encode_entry(put_entry(rejected, 1, "c1", b"{not json"))
+        )
+        for t in good:
+            head: RunnableConfig = {"configurable": {"thread_id": t, "checkpoint_ns": ""}}
+            for step in (1, 2):
+                cp = generate_checkpoint(channel_values={"n": step}, channel_versions={"n": step})
+                head = await saver.aput(head, cp, {"source": "loop", "step": step}, {"n": step})
+        async with Flusher(saver.sink, config, fmt=LG_FORMAT, backlog_poll_s=0):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                flushed = await saver.sink.flushed_seqs(good)
+                records = await saver.wal.quarantine.keys()
+                if all(v == 2 for v in flushed.values()) and len(records) >= 3:
+                    break
+                await asyncio.sleep(0.05)
+        assert flushed == dict.fromkeys(good, 2)
+        values = [await wal.quarantine.get(key) for key in records]
+        quarantined = [orjson.loads(v.value) for v in values if v is not None]
+        reasons = {q.get("thread_id"): q.get("reason", "") for q in quarantined}
+        assert "checkpoint_ns is longer" in reasons[long_ns]
+        assert "malformed 'put'" in reasons[missing_key]
+        assert "22P02" in reasons[rejected]
