@@ -47,6 +47,13 @@ class LangGraphConfig(BufferedStoreConfig):
     flush_each_write: bool = False
     """Every write returns once it is in Postgres (a `force_flush` after each): no
     buffering left, for tests and for migrating off the saver gradually."""
+    write_linger_s: float = 0.002
+    """How long a task's writes (``aput_writes``) may wait for a checkpoint of the same
+    thread to share its WAL entry (LangGraph saves the step's checkpoint right after its
+    tasks' writes); 0 sends every write at once. A checkpoint never waits."""
+    max_inflight_writes: int = 64
+    """WAL publishes in flight at once in this saver (more wait their turn, in order);
+    0: no bound."""
     wal_format: int = 2
     """Wire format of the entries this saver writes: 2 (binary values, several
     operations per entry); 1 only while a process older than this version still reads
@@ -66,6 +73,12 @@ class LangGraphConfig(BufferedStoreConfig):
             )
         if not isinstance(self.db_timeout_s, int | float) or not self.db_timeout_s > 0:
             raise ConfigError(f"db_timeout_s must be > 0, got {self.db_timeout_s!r}")
+        if not isinstance(self.write_linger_s, int | float) or not 0 <= self.write_linger_s <= 1:
+            raise ConfigError(
+                f"write_linger_s must be between 0 and 1, got {self.write_linger_s!r}"
+            )
+        if not isinstance(self.max_inflight_writes, int) or self.max_inflight_writes < 0:
+            raise ConfigError(f"max_inflight_writes must be >= 0, got {self.max_inflight_writes!r}")
         if self.wal_format not in (1, 2):
             raise ConfigError(f"wal_format must be 1 or 2, got {self.wal_format!r}")
         if self.owner is not None and (not self.owner or "\x00" in self.owner):

@@ -29,7 +29,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
-from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
+from buffered_store.engine.appender import Cursor, Seeded, Writer
+from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import Wal
@@ -105,7 +106,11 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._writer: Writer[LgEntry, LgHot, bool] = Writer(wal, config, LG_FORMAT, seed=self._seed)
         self._log = self._writer.log
         self._pending = PendingIndex(wal, sink.flushed_seqs, LG_FORMAT)
-        self._locks = ThreadLocks()
+        self._writes: GroupCommit[tuple[tuple[Op, ...], bool], LgEntry] = GroupCommit(
+            self._publish,
+            linger_s=config.write_linger_s,
+            max_inflight=config.max_inflight_writes,
+        )
         self._closed = False
         self.loop = asyncio.get_running_loop()
         self.supports_pipeline = False
@@ -163,6 +168,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             return
         self._closed = True
         try:
+            await self._writes.settled()  # writes still lingering go out first
             if self.settings.drain_on_close:
                 threads = self._writer.cursors.threads()
                 try:
@@ -205,9 +211,44 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         return Seeded(seq, LgHot(seq=seq, stream_seq=0, chain_from=1), True)
 
     async def _append(
-        self, thread_id: str, ops: Sequence[Op], *, check_owner: bool = True
+        self, thread_id: str, ops: Sequence[Op], *, check_owner: bool = True, urgent: bool = True
     ) -> LgEntry:
+        """Write `ops` to the thread's WAL; returns once the entry holding them is
+        acknowledged. Puts and writes may share an entry with the thread's other puts and
+        writes queued at the same moment (`GroupCommit`); a write that is not `urgent`
+        lingers a little for a put that follows it."""
         self._check_open()
+        simple = all(isinstance(op, Put | Writes) for op in ops)
+        entry = await self._writes.submit(
+            thread_id,
+            (tuple(ops), check_owner),
+            joins=simple and check_owner and self.settings.wal_format == 2,
+            urgent=urgent,
+        )
+        self._stats["entries"] += 1
+        if self.settings.flush_each_write:
+            await self.force_flush(thread_id)
+        return entry
+
+    async def _publish(
+        self, thread_id: str, items: Sequence[tuple[tuple[Op, ...], bool]]
+    ) -> LgEntry:
+        """One entry of every operation of `items`, appended to the thread's WAL."""
+        ops = tuple(op for item_ops, _ in items for op in item_ops)
+        check_owner = any(check for _, check in items)
+        try:
+            return await self._write_entry(thread_id, ops, check_owner)
+        except PayloadTooLargeError:
+            if len(items) == 1:
+                raise
+        # Together too large for one entry: one entry each, in order.
+        entry: LgEntry | None = None
+        for item_ops, check in items:
+            entry = await self._write_entry(thread_id, item_ops, check)
+        assert entry is not None
+        return entry
+
+    async def _write_entry(self, thread_id: str, ops: tuple[Op, ...], check_owner: bool) -> LgEntry:
         nonce = self._writer.nonce()
         owner = self.settings.owner
         kind = kind_of(ops)
@@ -227,7 +268,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 seq=cursor.seq + 1,
                 kind=kind,
                 at=utcnow(),
-                ops=tuple(ops),
+                ops=ops,
                 writer=nonce,
                 jump=cursor.jump,
             )
@@ -243,15 +284,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 )
             return entry, payload
 
-        async def write() -> LgEntry:
-            deadline = asyncio.get_running_loop().time() + self.settings.checkpoint_timeout_s
-            entry, _ = await self._writer.write(thread_id, build, True, deadline=deadline)
-            return entry
-
-        entry: LgEntry = await self._locks.run(thread_id, write)
-        self._stats["entries"] += 1
-        if self.settings.flush_each_write:
-            await self.force_flush(thread_id)
+        deadline = asyncio.get_running_loop().time() + self.settings.checkpoint_timeout_s
+        entry, _ = await self._writer.write(thread_id, build, True, deadline=deadline)
         return entry
 
     async def aput(
@@ -324,7 +358,11 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 thread_id, ns, cid, task_id, task_path, writes
             )
         )
-        await self._append(thread_id, [Writes(ns, cid, task_id, task_path, upsert, rows)])
+        # LangGraph saves a task's writes in the background and the step's checkpoint
+        # right after, so they may linger for it and share its entry.
+        await self._append(
+            thread_id, [Writes(ns, cid, task_id, task_path, upsert, rows)], urgent=False
+        )
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread (every namespace); entries written before are never

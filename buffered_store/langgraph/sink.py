@@ -302,20 +302,25 @@ class LangGraphSink:
         self.stats["round_trips"] += 1
         self.stats["statements"] += len(statements)
         sending: Statement | None = None
+        error: psycopg.Error | None = None
         try:
             async with conn.pipeline() as pipeline:
-                for statement in statements:
-                    sending = statement  # parameters the client cannot send fail here
-                    cur = conn.cursor()
-                    await cur.execute(statement.sql, statement.params or None)
-                    cursors.append(cur)
-                sending = None
-                await pipeline.sync()
+                try:
+                    for statement in statements:
+                        sending = statement
+                        cur = conn.cursor()
+                        await cur.execute(statement.sql, statement.params or None)
+                        cursors.append(cur)
+                    sending = None
+                    await pipeline.sync()
+                except psycopg.Error as exc:
+                    error = exc
         except psycopg.Error as exc:
-            failed = sending or next(
-                (s for s, c in zip(statements, cursors, strict=True) if c.pgresult is None), None
-            )
-            raise _Rejected.of(failed, exc) from exc
+            # Leaving an aborted pipeline fails again ("pipeline aborted"): the first
+            # error is the one that tells what happened.
+            error = error or exc
+        if error is not None:
+            raise _Rejected.of(culprit(statements, cursors, sending, error), error) from error
         return cursors
 
     async def _prune(self, conn: Connection, work: PruneWork) -> None:
@@ -466,6 +471,28 @@ class LangGraphSink:
                 for r in await cur.fetchall()
             )
         return Copy(cps, blobs, writes)
+
+
+def culprit(
+    statements: Sequence[Statement],
+    cursors: Sequence[psycopg.AsyncCursor[DictRow]],
+    sending: Statement | None,
+    error: psycopg.Error,
+) -> Statement | None:
+    """The statement a failed pipeline failed on.
+
+    The server answers in order, so the statements before it have their results and it
+    is the first without one. psycopg reads results as they arrive, also while later
+    statements are being queued, so the error may surface while sending another one:
+    that one is to blame only for an error of the client's own (no SQLSTATE), such as
+    parameters it cannot send.
+    """
+    if error.sqlstate is None and sending is not None:
+        return sending
+    for statement, cur in zip(statements, cursors, strict=False):
+        if cur.pgresult is None:
+            return statement
+    return sending
 
 
 async def _rollback(conn: Connection) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import orjson
 import psycopg
@@ -28,7 +29,8 @@ from buffered_store.langgraph.entry import (
     Writes,
     encode_entry,
 )
-from buffered_store.langgraph.sink import LangGraphSink, failure_of
+from buffered_store.langgraph.flushplan import Statement
+from buffered_store.langgraph.sink import LangGraphSink, culprit, failure_of
 from buffered_store.nats import NatsWal
 from buffered_store.stores.postgres_errors import DbFailure
 from flusher import Flusher
@@ -97,7 +99,7 @@ async def test_a_thread_whose_rows_postgres_rejects_fails_alone(
         ApplyStatus.APPLIED,
         ApplyStatus.FAILED,
         ApplyStatus.APPLIED,
-    ]
+    ], [o.error for o in outcomes]
     failed = outcomes[1]
     assert not failed.retriable
     assert "22P02" in (failed.error or "")
@@ -189,3 +191,22 @@ async def test_bad_entries_are_quarantined_while_every_other_thread_flows(
         assert "checkpoint_ns is longer" in reasons[long_ns]
         assert "malformed 'put'" in reasons[missing_key]
         assert "22P02" in reasons[rejected]
+
+
+class FakeCursor:
+    def __init__(self, done: bool) -> None:
+        self.pgresult = object() if done else None
+
+
+def test_the_culprit_is_the_first_statement_without_a_result_whenever_the_error_surfaces() -> None:
+    """psycopg reads results while later statements are still being queued, so the
+    server's error for one statement can be raised while sending another: that one is
+    not to blame (a misattribution failed a good thread in the suite, now and then)."""
+    statements = [Statement(f"S{i}", (), (i,)) for i in range(5)]
+    done = [FakeCursor(True), FakeCursor(True), FakeCursor(False), FakeCursor(False)]
+    server_error = psycopg.errors.InvalidTextRepresentation("invalid input syntax for type json")
+    cursors = cast(list[Any], done)
+    assert culprit(statements, cursors, statements[4], server_error) is statements[2]
+    assert culprit(statements, cursors, None, server_error) is statements[2]
+    client_error = psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    assert culprit(statements, cursors[:2], statements[2], client_error) is statements[2]
