@@ -339,10 +339,13 @@ class Writer(Generic[E, H, S]):
         state: S | None,
         *,
         deadline: float,
+        state_of: Callable[[E], S | None] | None = None,
     ) -> tuple[E, int]:
         """Publish the entry `build` makes, then advance the hot record; returns the entry
         and its stream seq. Both round trips share one timeout, up to `deadline` (a loop
-        time); `state` is the front-end's state after the entry, when the caller knows it.
+        time); `state` is the front-end's state after the entry, when the caller knows it
+        (`state_of`, when given, tells it from the entry published: for a state that
+        `build` decides).
 
         When the outcome cannot be known, raises `CommitUnknownError`: the entry is in the
         WAL but its hot record could not be updated (it will be flushed, its seq is
@@ -356,7 +359,8 @@ class Writer(Generic[E, H, S]):
             async with asyncio.timeout_at(deadline):
                 entry, stream_seq, base = await self.append(thread_id, build, attempt)
                 written = entry
-                cursor = self.record_written(thread_id, entry, stream_seq, base, state)
+                after = state_of(entry) if state_of is not None else state
+                cursor = self.record_written(thread_id, entry, stream_seq, base, after)
                 assert cursor.hot is not None
                 cursor.revision = await self.advance_hot(thread_id, cursor.hot, base.revision)
         except (StoreError, TimeoutError) as exc:

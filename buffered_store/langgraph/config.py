@@ -54,6 +54,11 @@ class LangGraphConfig(BufferedStoreConfig):
     max_inflight_writes: int = 64
     """WAL publishes in flight at once in this saver (more wait their turn, in order);
     0: no bound."""
+    check_deltas: bool = False
+    """Check every delta blob against the list serialised whole and write the whole
+    list when they differ (a debugging aid: it costs the serialisation deltas save). A
+    delta assumes the items of a list already saved are not changed in place afterwards,
+    as LangGraph's reducers (``add_messages``) never do; see docs/how-to/langgraph.md."""
     wal_format: int = 2
     """Wire format of the entries this saver writes: 2 (binary values, several
     operations per entry); 1 only while a process older than this version still reads

@@ -37,9 +37,10 @@ entry that cannot be applied is quarantined when fetched instead of failing its 
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import orjson
@@ -664,9 +665,31 @@ def decode_hot(data: bytes) -> LgHot:
         raise CorruptEntryError(f"malformed LangGraph hot record: {exc!r}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class ListBase:
+    """What a writer put last in a list channel of a namespace: a delta's base."""
+
+    version: str
+    items: tuple[Any, ...]
+    """The items of the value put (a copy of the list: appending to it later changes
+    nothing here). A new value extends it when its first items are these very objects."""
+    size: int
+    """Bytes of the stored blob."""
+    full: bytes | None = None
+    """The stored blob itself, kept only to check deltas (``check_deltas``)."""
+
+
+LgState: TypeAlias = Mapping[tuple[str, str], ListBase]
+"""The writer's cursor state of a thread: (namespace, channel) -> the list value it put
+last, for the channels whose latest version it knows it wrote."""
+NO_BASES: LgState = MappingProxyType({})
+
+
 class LangGraphFormat:
-    """`engine.appender.WriteFormat` of the LangGraph front-end. Entries are
-    self-contained, so the writer's cursor state is a constant (no deltas)."""
+    """`engine.appender.WriteFormat` of the LangGraph front-end. The cursor state is the
+    list values this writer put last (`LgState`), the bases of its delta blobs; it is
+    only known for what the writer itself wrote, so an entry read back leaves it unknown
+    (None: the next put writes whole blobs)."""
 
     def decode_entry(self, payload: bytes, *, stream_seq: int = 0) -> LgEntry:
         return decode_entry(payload, stream_seq=stream_seq)
@@ -685,11 +708,15 @@ class LangGraphFormat:
     def with_recent(self, record: LgHot, recent: tuple[tuple[int, int], ...]) -> LgHot:
         return replace(record, recent=recent)
 
-    def known_state(self, hot: LgHot | None, same_seq: bool | None) -> bool:
-        return True
+    def known_state(self, hot: LgHot | None, same_seq: LgState | None) -> LgState | None:
+        if same_seq is not None:
+            return same_seq
+        if hot is None or hot.deleted_seq == hot.seq:
+            return NO_BASES  # nothing stored: nothing to be the base of a delta
+        return None
 
-    def state_after(self, state: bool | None, entry: LgEntry, *, owned: bool) -> bool:
-        return True
+    def state_after(self, state: LgState | None, entry: LgEntry, *, owned: bool) -> LgState | None:
+        return NO_BASES if entry.deletes else None
 
 
 LG_FORMAT = LangGraphFormat()

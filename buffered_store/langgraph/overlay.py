@@ -192,6 +192,16 @@ def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[Write
     return sorted(blobs), writes
 
 
+def needs_stored_bases(chosen: Sequence[Row], tail: Tail) -> bool:
+    """Whether a pending row refers to a delta whose base only Postgres holds."""
+    return any(
+        (row["checkpoint_ns"], channel, str(version)) in tail.deltas
+        for row in chosen
+        if row.get("_pending")
+        for channel, version in row["checkpoint"].get("channel_versions", {}).items()
+    )
+
+
 def complete(
     row: Row,
     tail: Tail,

@@ -9,9 +9,12 @@ would have written for the same calls, so an application can switch between the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
-from types import TracebackType
-from typing import Any, TypeVar, cast
+import logging
+import operator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType, TracebackType
+from typing import Any, TypeAlias, TypeVar, cast
 
 import orjson
 from langchain_core.runnables import RunnableConfig
@@ -26,6 +29,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
@@ -47,29 +51,70 @@ from buffered_store.langgraph import overlay
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.entry import (
     LG_FORMAT,
+    NO_BASES,
     BlobRow,
     Claim,
     Delete,
     LgEntry,
     LgHot,
+    LgState,
+    ListBase,
     Op,
     Prune,
     Put,
     Runs,
     WriteRow,
     Writes,
+    delta_blob,
     encode_entry,
     kind_of,
+    msgpack_list_start,
 )
 from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.langgraph.validation import check_key, check_text, json_bytes
 from buffered_store.nats import NatsWal
 from buffered_store.opening import Opening
 
+log = logging.getLogger("buffered_store.langgraph")
 T = TypeVar("T")
 MAX_READ_ATTEMPTS = 5
 """Reads that find a logical entry (runs, prune, copy) pending flush the thread and read
 again; a thread that keeps receiving them is reported rather than read forever."""
+
+
+def _full(base: ListBase, items: bytes, value: list[Any]) -> bytes | None:
+    """The whole blob of a delta, kept only while deltas are checked."""
+    return None if base.full is None else delta_blob(base.full, len(value), items)
+
+
+@dataclass(frozen=True, slots=True)
+class PutDraft:
+    """A put made before its entry: its blobs, deltas among them, assume the thread's
+    cursor was at `based_on` (the entry is built on the cursor it finds)."""
+
+    blobs: tuple[BlobRow, ...]
+    based_on: LgState | None
+    bases: dict[str, ListBase]
+    """channel -> the list value put, for the cursor state after the entry."""
+    op: Put | None = None
+
+    def with_op(self, op: Put) -> PutDraft:
+        return replace(self, op=op)
+
+
+Item: TypeAlias = PutDraft | Op
+"""What a write call hands to the group commit: a put still to be built, or an
+operation."""
+
+
+def _extends(value: Any, items: tuple[Any, ...]) -> bool:
+    """Whether the list `value` starts with exactly these objects (identity, a C-level
+    pass: in-place changes of an item are not seen, see docs/how-to/langgraph.md)."""
+    return (
+        isinstance(value, list)
+        and len(value) >= len(items)
+        and all(map(operator.is_, value, items))
+    )
 
 
 class BufferedCheckpointSaver(BasePostgresSaver):
@@ -103,10 +148,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self.sink = sink
         self.wal = wal
         self.settings = config
-        self._writer: Writer[LgEntry, LgHot, bool] = Writer(wal, config, LG_FORMAT, seed=self._seed)
+        self._writer: Writer[LgEntry, LgHot, LgState] = Writer(
+            wal, config, LG_FORMAT, seed=self._seed
+        )
+        self._deltas = type(self.serde) is JsonPlusSerializer
+        """Whether list values may be written as deltas: only with LangGraph's own
+        serializer, whose msgpack list is its items' encodings one after the other."""
         self._log = self._writer.log
         self._pending = PendingIndex(wal, sink.flushed_seqs, LG_FORMAT)
-        self._writes: GroupCommit[tuple[tuple[Op, ...], bool], LgEntry] = GroupCommit(
+        self._writes: GroupCommit[tuple[tuple[Item, ...], bool], LgEntry] = GroupCommit(
             self._publish,
             linger_s=config.write_linger_s,
             max_inflight=config.max_inflight_writes,
@@ -120,6 +170,9 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             "overlay_reads": 0,
             "db_reads": 0,
             "wal_only_reads": 0,
+            "delta_blobs": 0,
+            "deltas_refused": 0,
+            "deltas_dropped": 0,
         }
 
     @classmethod
@@ -184,11 +237,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     aclose = close
 
     def stats(self) -> dict[str, int]:
-        """Counters of this instance: ``entries`` written, ``inline_flushes``,
+        """Counters of this instance: ``entries`` written (``joined_writes``: calls whose
+        operations went into another call's entry), ``inline_flushes``,
         ``overlay_reads`` (a tail was folded) and ``db_reads`` (Postgres alone answered),
+        ``delta_blobs`` (list values written as their new items only) and ``deltas_dropped``
+        (written whole after all: another writer wrote the thread meanwhile),
         ``cas_conflicts``, ``commit_unknown``, ``wal_bytes``."""
         return {
             **self._stats,
+            "joined_writes": self._writes.joined,
             "cas_conflicts": self._writer.conflicts,
             "commit_unknown": self._writer.commit_unknown,
             "wal_bytes": self._writer.wal_bytes,
@@ -200,38 +257,37 @@ class BufferedCheckpointSaver(BasePostgresSaver):
 
     # -- the write path ---------------------------------------------------------------
 
-    async def _seed(self, thread_id: str) -> Seeded[LgHot, bool] | None:
+    async def _seed(self, thread_id: str) -> Seeded[LgHot, LgState] | None:
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
                 seq = (await self.sink.flushed_seqs([thread_id]))[thread_id]
         except (StoreError, TimeoutError):
             return None
         if seq == 0:
-            return Seeded(0, None, True)
-        return Seeded(seq, LgHot(seq=seq, stream_seq=0, chain_from=1), True)
+            return Seeded(0, None, NO_BASES)
+        return Seeded(seq, LgHot(seq=seq, stream_seq=0, chain_from=1), None)
 
     async def _append(
-        self, thread_id: str, ops: Sequence[Op], *, check_owner: bool = True, urgent: bool = True
+        self, thread_id: str, ops: Sequence[Item], *, check_owner: bool = True, urgent: bool = True
     ) -> LgEntry:
         """Write `ops` to the thread's WAL; returns once the entry holding them is
         acknowledged. Puts and writes may share an entry with the thread's other puts and
         writes queued at the same moment (`GroupCommit`); a write that is not `urgent`
         lingers a little for a put that follows it."""
         self._check_open()
-        simple = all(isinstance(op, Put | Writes) for op in ops)
+        simple = all(isinstance(op, PutDraft | Writes) for op in ops)
         entry = await self._writes.submit(
             thread_id,
             (tuple(ops), check_owner),
             joins=simple and check_owner and self.settings.wal_format == 2,
             urgent=urgent,
         )
-        self._stats["entries"] += 1
         if self.settings.flush_each_write:
             await self.force_flush(thread_id)
         return entry
 
     async def _publish(
-        self, thread_id: str, items: Sequence[tuple[tuple[Op, ...], bool]]
+        self, thread_id: str, items: Sequence[tuple[tuple[Item, ...], bool]]
     ) -> LgEntry:
         """One entry of every operation of `items`, appended to the thread's WAL."""
         ops = tuple(op for item_ops, _ in items for op in item_ops)
@@ -248,13 +304,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         assert entry is not None
         return entry
 
-    async def _write_entry(self, thread_id: str, ops: tuple[Op, ...], check_owner: bool) -> LgEntry:
+    async def _write_entry(
+        self, thread_id: str, items: tuple[Item, ...], check_owner: bool
+    ) -> LgEntry:
         nonce = self._writer.nonce()
         owner = self.settings.owner
-        kind = kind_of(ops)
         wal_format = self.settings.wal_format
+        states: dict[int, LgState | None] = {}
 
-        def build(cursor: Cursor[LgHot, bool]) -> tuple[LgEntry, bytes]:
+        def build(cursor: Cursor[LgHot, LgState]) -> tuple[LgEntry, bytes]:
             hot = cursor.hot
             if check_owner and hot is not None and hot.owner is not None and hot.owner != owner:
                 raise ThreadOwnershipError(
@@ -263,6 +321,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                     thread_id=thread_id,
                     owner=hot.owner,
                 )
+            ops, states[cursor.seq + 1] = self._resolve(items, cursor.state)
+            kind = kind_of(ops)
             entry = LgEntry(
                 thread_id=thread_id,
                 seq=cursor.seq + 1,
@@ -285,8 +345,109 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             return entry, payload
 
         deadline = asyncio.get_running_loop().time() + self.settings.checkpoint_timeout_s
-        entry, _ = await self._writer.write(thread_id, build, True, deadline=deadline)
+        entry, _ = await self._writer.write(
+            thread_id, build, None, deadline=deadline, state_of=lambda e: states.get(e.seq)
+        )
+        self._stats["entries"] += 1
         return entry
+
+    def _resolve(
+        self, items: Sequence[Item], state: LgState | None
+    ) -> tuple[tuple[Op, ...], LgState | None]:
+        """The operations of an entry built on a cursor at `state`, and the state after
+        it. A put's deltas assumed the state it saw when it was called; on another one
+        (another writer wrote the thread meanwhile) its blobs are written whole."""
+        ops: list[Op] = []
+        for item in items:
+            if isinstance(item, PutDraft):
+                put = item.op
+                assert put is not None
+                bases = item.bases
+                if state is not item.based_on and any(b.base is not None for b in put.blobs):
+                    put, bases = self._whole(put, item)
+                    self._stats["deltas_dropped"] += 1
+                ops.append(put)
+                after = dict(state or {})
+                for blob in put.blobs:
+                    after.pop((put.ns, blob.channel), None)
+                after.update(((put.ns, channel), base) for channel, base in bases.items())
+                state = MappingProxyType(after)
+            else:
+                ops.append(item)
+                if isinstance(item, Delete):
+                    state = NO_BASES
+                elif not isinstance(item, Writes | Claim):
+                    state = None  # runs, prune, copy: which versions remain is not known here
+        return tuple(ops), state
+
+    def _whole(self, put: Put, draft: PutDraft) -> tuple[Put, dict[str, ListBase]]:
+        """`put` with every delta blob serialised whole."""
+        blobs: list[BlobRow] = []
+        bases = dict(draft.bases)
+        for blob in put.blobs:
+            if blob.base is None:
+                blobs.append(blob)
+                continue
+            value = list(bases[blob.channel].items)
+            typ, data = self.serde.dumps_typed(value)
+            blobs.append(BlobRow(blob.channel, blob.version, typ, data))
+            bases[blob.channel] = ListBase(blob.version, tuple(value), len(data))
+        return replace(put, blobs=tuple(blobs)), bases
+
+    def _delta_holds(self, channel: str, value: list[Any], base: ListBase, items: bytes) -> bool:
+        """False when ``check_deltas`` finds that the delta would not rebuild the list
+        serialised whole (an item of the base was changed in place after it was saved)."""
+        if not self.settings.check_deltas or base.full is None:
+            return True
+        if delta_blob(base.full, len(value), items) == self.serde.dumps_typed(value)[1]:
+            return True
+        self._stats["deltas_refused"] += 1
+        log.warning(
+            "an item of list channel %r was changed in place after it was saved; "
+            "its value is written whole (see docs/how-to/langgraph.md)",
+            channel,
+            extra={"action": "delta_refused"},
+        )
+        return False
+
+    def _put_draft(
+        self, thread_id: str, ns: str, versions: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> PutDraft:
+        """The blobs of a put, each list value that extends what this writer put last in
+        its channel as a delta (only the new items serialised: O(new items), however long
+        the list), the others whole, as AsyncPostgresSaver serialises them."""
+        cursor = self._writer.cursors.get(thread_id)
+        based_on = cursor.state if cursor is not None else None
+        blobs: list[BlobRow] = []
+        bases: dict[str, ListBase] = {}
+        for channel, version in versions.items():
+            check_key(channel, "channel")
+            ver = check_key(str(version), "version")
+            if channel not in values:
+                blobs.append(BlobRow(channel, ver, "empty", None))
+                continue
+            value = values[channel]
+            base = based_on.get((ns, channel)) if based_on is not None else None
+            if self._deltas and base is not None and _extends(value, base.items):
+                typ, data = self.serde.dumps_typed(value[len(base.items) :])
+                if typ == "msgpack":
+                    items = data[msgpack_list_start(data) :]
+                    if self._delta_holds(channel, value, base, items):
+                        blob = BlobRow(
+                            channel, ver, typ, items, base=base.version, count=len(value)
+                        )
+                        blobs.append(blob)
+                        self._stats["delta_blobs"] += 1
+                        bases[channel] = ListBase(
+                            ver, tuple(value), base.size + len(items), _full(base, items, value)
+                        )
+                        continue
+            typ, data = self.serde.dumps_typed(value)
+            blobs.append(BlobRow(channel, ver, typ, data))
+            if self._deltas and typ == "msgpack" and isinstance(value, list):
+                full = data if self.settings.check_deltas else None
+                bases[channel] = ListBase(ver, tuple(value), len(data), full)
+        return PutDraft(tuple(blobs), based_on, bases)
 
     async def aput(
         self,
@@ -296,7 +457,9 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Append a checkpoint. Values AsyncPostgresSaver would store inline stay in
-        the checkpoint JSON; the others are serialised here into blobs, as it does."""
+        the checkpoint JSON; the others are serialised here into blobs, as it does (a
+        list that extends the one this saver put last in its channel: only its new
+        items, see `_put_draft`)."""
         configurable = config["configurable"]
         thread_id = check_key(str(configurable["thread_id"]), "thread_id")
         ns = check_key(configurable.get("checkpoint_ns", ""), "checkpoint_ns")
@@ -315,18 +478,22 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 pass
             else:
                 blob_values[k] = copy["channel_values"].pop(k)
-        blobs = tuple(
-            BlobRow(check_key(ch, "channel"), check_key(str(ver), "version"), typ, blob)
-            for _, _, ch, ver, typ, blob in self._dump_blobs(
-                thread_id,
-                ns,
-                blob_values,
-                {k: v for k, v in new_versions.items() if k in blob_values},
-            )
-        )
         md = get_serializable_checkpoint_metadata(config, metadata)
-        op = Put(ns, cid, parent, json_bytes(copy, "checkpoint"), json_bytes(md, "metadata"), blobs)
-        await self._append(thread_id, [op])
+        draft = self._put_draft(
+            thread_id,
+            ns,
+            {k: v for k, v in new_versions.items() if k in blob_values},
+            blob_values,
+        )
+        op = Put(
+            ns,
+            cid,
+            parent,
+            json_bytes(copy, "checkpoint"),
+            json_bytes(md, "metadata"),
+            draft.blobs,
+        )
+        await self._append(thread_id, [draft.with_op(op)])
         return {
             "configurable": {
                 "thread_id": configurable["thread_id"],
@@ -588,6 +755,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             raise error
         tail = overlay.fold(entries)
         chosen = self._merge([], tail, thread_id, config, flt, before, limit)
+        if overlay.needs_stored_bases(chosen, tail):
+            raise error  # a value is a delta on a blob only Postgres holds
         self._stats["wal_only_reads"] += 1
         return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
 

@@ -135,6 +135,7 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
         assert mismatches == []
         stats = buf.stats()
         assert stats["overlay_reads"] > STEPS  # most reads folded an unflushed tail
+        assert stats["delta_blobs"] > 5  # growing lists went as deltas
         assert ops["put"] > STEPS // 4
         await buf.force_flush_all()
     async with (
@@ -167,11 +168,19 @@ async def both_put(
         if ch in chosen:
             model.versions[key] = ref.get_next_version(model.versions.get(key), None)
             new_versions[ch] = model.versions[key]
-            model.values[key] = (
-                [{"role": "user", "n": i} for i in range(rnd.randint(0, 3))]
-                if ch == "msgs"
-                else rnd.choice([1, "x", 2.5, None, False, {"k": [1, 2]}])
-            )
+            previous = model.values.get(key)
+            if ch == "msgs" and isinstance(previous, list) and rnd.random() < 0.7:
+                # The history grows as LangGraph's add_messages grows it: a new list of
+                # the same item objects plus new ones (the buffered saver writes a delta).
+                model.values[key] = previous + [
+                    {"role": "user", "n": step, "i": i} for i in range(rnd.randint(0, 2))
+                ]
+            else:
+                model.values[key] = (
+                    [{"role": "user", "n": i} for i in range(rnd.randint(0, 3))]
+                    if ch == "msgs"
+                    else rnd.choice([1, "x", 2.5, None, False, {"k": [1, 2]}])
+                )
         if key in model.versions:
             versions[ch] = model.versions[key]
             values[ch] = model.values[key]

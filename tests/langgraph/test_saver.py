@@ -196,3 +196,93 @@ async def test_delete_for_runs_sees_a_checkpoint_flushed_while_it_looks(
     await saver.adelete_for_runs(["doomed"])
     listed = [t async for t in saver.alist(cfg(tid))]
     assert [t.metadata.get("run_id") for t in listed] == []
+
+
+async def test_a_growing_message_list_costs_the_wal_only_its_new_messages(
+    lg_config: LangGraphConfig, pg_dsn: str
+) -> None:
+    """Issue 23, item 3: a list channel whose new value extends the previous one (the
+    messages channel under add_messages) is written as its new items: WAL bytes per put
+    do not grow with the history, and after a flush Postgres holds the whole lists, as
+    AsyncPostgresSaver would."""
+    tid = thread()
+    sizes: list[int] = []
+    history: list[Any] = []
+    head = cfg(tid)
+    async with BufferedCheckpointSaver.connect(lg_config) as saver:
+        for step in range(1, 201):
+            history = [*history, {"role": "ai", "content": f"message {step} " + "x" * 200}]
+            cp = generate_checkpoint(
+                channel_values={"messages": history}, channel_versions={"messages": step}
+            )
+            before = saver.stats()["wal_bytes"]
+            head = await saver.aput(head, cp, {"source": "loop", "step": step}, {"messages": step})
+            sizes.append(saver.stats()["wal_bytes"] - before)
+        assert saver.stats()["delta_blobs"] == 199
+        assert max(sizes[100:]) < 1.2 * sizes[1]  # flat, while the history grew 200 times
+        ours = await saver.aget_tuple(cfg(tid))
+        assert ours is not None
+        assert ours.checkpoint["channel_values"]["messages"] == history  # read from the tail
+        await saver.force_flush(tid)
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as reference:
+        theirs = [t async for t in reference.alist(cfg(tid))]
+    assert len(theirs) == 200
+    assert theirs[0].checkpoint["channel_values"]["messages"] == history
+    assert theirs[-1].checkpoint["channel_values"]["messages"] == history[:1]
+
+
+async def test_another_writer_in_between_makes_the_next_list_whole(
+    lg_config: LangGraphConfig,
+) -> None:
+    """A delta assumes the base this saver put last is the thread's latest value of the
+    channel; after another writer's put it is not, and the blob is written whole."""
+    tid = thread()
+    first = [{"role": "user", "content": "a"}]
+    async with (
+        BufferedCheckpointSaver.connect(lg_config) as mine,
+        BufferedCheckpointSaver.connect(lg_config) as theirs,
+    ):
+
+        async def put(saver: BufferedCheckpointSaver, values: list[Any], version: int) -> None:
+            cp = generate_checkpoint(
+                channel_values={"messages": values}, channel_versions={"messages": version}
+            )
+            await saver.aput(cfg(tid), cp, {"step": version}, {"messages": version})
+
+        await put(mine, first, 1)
+        await put(theirs, [{"role": "user", "content": "other"}], 2)
+        await put(mine, [*first, {"role": "ai", "content": "b"}], 3)  # extends ITS base
+        assert mine.stats()["delta_blobs"] == 1
+        assert mine.stats()["deltas_dropped"] == 1  # rebuilt whole on the fresh cursor
+        latest = await theirs.aget_tuple(cfg(tid))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["messages"] == [
+            {"role": "user", "content": "a"},
+            {"role": "ai", "content": "b"},
+        ]
+
+
+async def test_check_deltas_catches_an_item_changed_in_place(lg_config: LangGraphConfig) -> None:
+    """A delta assumes saved items are not changed in place (LangGraph's reducers never
+    do); ``check_deltas`` verifies it, and writes such a list whole."""
+    tid = thread()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "a"}]
+    async with BufferedCheckpointSaver.connect(lg_config.replace(check_deltas=True)) as saver:
+
+        async def put(values: list[Any], version: int) -> None:
+            cp = generate_checkpoint(
+                channel_values={"messages": values}, channel_versions={"messages": version}
+            )
+            await saver.aput(cfg(tid), cp, {"step": version}, {"messages": version})
+
+        await put(history, 1)
+        history = [*history, {"role": "ai", "content": "b"}]
+        await put(history, 2)
+        history[0]["content"] = "changed in place"
+        history = [*history, {"role": "ai", "content": "c"}]
+        await put(history, 3)
+        assert saver.stats()["delta_blobs"] == 1
+        assert saver.stats()["deltas_refused"] == 1
+        latest = await saver.aget_tuple(cfg(tid))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["messages"][0]["content"] == "changed in place"
