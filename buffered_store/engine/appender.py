@@ -202,6 +202,7 @@ class Writer(Generic[E, H, S]):
         *,
         seed: Callable[[str], Awaitable[Seeded[H, S] | None]] | None = None,
         clock: Callable[[], datetime] = utcnow,
+        background_hot: bool = False,
     ) -> None:
         self.wal = wal
         self.config = config
@@ -214,6 +215,10 @@ class Writer(Generic[E, H, S]):
         self.commit_unknown = 0
         """Writes whose outcome could not be known (`CommitUnknownError`)."""
         self.wal_bytes = 0
+        self.background_hot = background_hot
+        """The hot record is advanced after `write` returns, off the caller's path (see
+        `HotUpdates`): a write then costs one round trip."""
+        self.hot_updates = HotUpdates(self)
         # Nonces: random per instance, then a counter (unique without a syscall per call).
         self._nonce_prefix = secrets.token_hex(8)
         self._nonces = itertools.count(1)
@@ -362,7 +367,10 @@ class Writer(Generic[E, H, S]):
                 after = state_of(entry) if state_of is not None else state
                 cursor = self.record_written(thread_id, entry, stream_seq, base, after)
                 assert cursor.hot is not None
-                cursor.revision = await self.advance_hot(thread_id, cursor.hot, base.revision)
+                if self.background_hot:
+                    self.hot_updates.submit(thread_id, cursor)
+                else:
+                    cursor.revision = await self.advance_hot(thread_id, cursor.hot, base.revision)
         except (StoreError, TimeoutError) as exc:
             if written is not None:
                 self.cursors.drop(thread_id)
@@ -499,6 +507,83 @@ class Writer(Generic[E, H, S]):
     def _merge_recent(self, record: H, stored: H) -> H:
         recent = merged_recent(record.recent, stored.recent, self.config.recent_window)
         return self.fmt.with_recent(record, recent)
+
+
+class HotUpdates(Generic[H, S]):
+    """Hot records advanced in the background, one update in flight per thread.
+
+    The entry is durable and its seq taken once the publish is acknowledged; the hot
+    record only helps readers find the tail. Readers do not rely on it being current:
+    they read the subject's last message beside it (`ThreadLog.latest`) and walk what
+    it does not cover. A write's update that finds another in flight for its thread
+    waits for it and then writes the newest record only (writes outrunning the updates
+    cost fewer of them). Failures are retried until they succeed or the writer closes;
+    `settled` waits for what is in flight.
+    """
+
+    def __init__(self, writer: Writer[Any, H, S]) -> None:
+        self._writer = writer
+        self._latest: dict[str, Cursor[H, S]] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._revisions: dict[str, int | None] = {}
+        self.updates = 0
+        """Hot-record updates written."""
+        self.coalesced = 0
+        """Writes whose hot record was superseded before it was written."""
+
+    def submit(self, thread_id: str, cursor: Cursor[H, S]) -> None:
+        """Advance the thread's hot record to `cursor`'s (latest submission wins)."""
+        if thread_id in self._latest:
+            self.coalesced += 1
+        self._latest[thread_id] = cursor
+        if thread_id not in self._revisions:
+            self._revisions[thread_id] = cursor.revision
+        if thread_id not in self._running:
+            self._running[thread_id] = asyncio.create_task(self._run(thread_id))
+
+    def pending(self, thread_id: str) -> bool:
+        """Whether an update of the thread's hot record is queued or in flight."""
+        return thread_id in self._running
+
+    async def settled(self) -> None:
+        """Return once every update submitted so far is written (or has failed for good:
+        the writer was closed)."""
+        while self._running:
+            await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+
+    async def close(self, timeout_s: float) -> None:
+        """Let the updates in flight finish for up to `timeout_s`, then cancel the rest
+        (their entries are durable; readers find them on the stream)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.settled()
+        except TimeoutError:
+            log.warning(
+                "hot records of %d threads were not updated before closing",
+                len(self._running),
+                extra={"action": "hot_updates_abandoned"},
+            )
+        for task in list(self._running.values()):
+            task.cancel()
+        await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+
+    async def _run(self, thread_id: str) -> None:
+        try:
+            while thread_id in self._latest:
+                cursor = self._latest.pop(thread_id)
+                assert cursor.hot is not None
+                revision = await self._writer.advance_hot(
+                    thread_id, cursor.hot, self._revisions.get(thread_id)
+                )
+                self.updates += 1
+                self._revisions[thread_id] = revision
+                current = self._writer.cursors.get(thread_id)
+                if current is not None:
+                    current.revision = revision
+        finally:
+            del self._running[thread_id]
+            if thread_id not in self._latest:
+                self._revisions.pop(thread_id, None)
 
 
 def merged_recent(

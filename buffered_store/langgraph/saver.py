@@ -41,6 +41,7 @@ from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import flush_thread, force_flush, force_flush_all
 from buffered_store.errors import (
     DatabaseUnavailableError,
+    FlushTimeoutError,
     PayloadTooLargeError,
     StoreClosedError,
     StoreError,
@@ -148,8 +149,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self.sink = sink
         self.wal = wal
         self.settings = config
+        # A write is acknowledged after its publish: the hot record follows in the
+        # background, and reads look at the subject's last entry beside it.
         self._writer: Writer[LgEntry, LgHot, LgState] = Writer(
-            wal, config, LG_FORMAT, seed=self._seed
+            wal, config, LG_FORMAT, seed=self._seed, background_hot=True
         )
         self._deltas = type(self.serde) is JsonPlusSerializer
         """Whether list values may be written as deltas: only with LangGraph's own
@@ -222,6 +225,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._closed = True
         try:
             await self._writes.settled()  # writes still lingering go out first
+            await self._writer.hot_updates.close(self.settings.drain_timeout_s)
             if self.settings.drain_on_close:
                 threads = self._writer.cursors.threads()
                 try:
@@ -570,6 +574,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         # between the two reads is in neither: it was not in Postgres yet, and is no
         # longer pending.)
         threads: set[str] = set()
+        await self._writer.hot_updates.settled()  # this saver's writes are all scanned
         for pending in await self._pending.scan():
             entries = await self._log.entries_between(
                 pending.thread_id, pending.flushed_seq, pending.record.seq, pending.record
@@ -617,8 +622,17 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         """Flush every thread with unflushed entries; returns how many were flushed.
         Afterwards AsyncPostgresSaver reads exactly what this saver reads."""
         self._check_open()
+        started = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._writer.hot_updates.settled()  # this saver's writes are scanned
+        except TimeoutError as exc:
+            raise FlushTimeoutError(
+                f"force_flush_all: hot records not advanced within {timeout}s"
+            ) from exc
+        left = max(0.0, timeout - (asyncio.get_running_loop().time() - started))
         return await force_flush_all(
-            self._log, self.sink, self._pending, timeout_s=timeout, parallel=8
+            self._log, self.sink, self._pending, timeout_s=left, parallel=8
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -683,18 +697,22 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             return [self._to_tuple(r) for r in rows]
         for _ in range(MAX_READ_ATTEMPTS):
             try:
-                hot, (flushed, rows) = await asyncio.gather(
-                    self._log.hot(thread_id), self.sink.read(thread_id, where, params, limit=limit)
+                # The subject's last entry beside the hot record: the record may lag the
+                # entries just acknowledged (it is advanced in the background).
+                (hot, upto), (flushed, rows) = await asyncio.gather(
+                    self._log.latest(thread_id),
+                    self.sink.read(thread_id, where, params, limit=limit),
                 )
             except DatabaseUnavailableError as exc:
                 return await self._read_without_db(thread_id, config, flt, before, limit, exc)
-            if hot is None or hot.record.seq <= flushed:
+            if upto <= flushed:
                 self._stats["db_reads"] += 1
                 return [self._to_tuple(r) for r in rows]
-            record = hot.record
-            if record.logical_seq <= flushed:
-                entries = await self._log.entries_between(thread_id, flushed, record.seq, record)
-                break
+            record = hot.record if hot is not None else None
+            if record is None or record.logical_seq <= flushed:
+                entries = await self._log.entries_between(thread_id, flushed, upto, record)
+                if all(e.simple for e in entries):
+                    break
             await self.force_flush(thread_id)  # a logical op is pending: apply it first
         else:
             raise StoreError(f"thread {thread_id!r} kept changing while being read")
@@ -740,18 +758,21 @@ class BufferedCheckpointSaver(BasePostgresSaver):
           starts at seq 1, or with a jump made while Postgres was down) and none of them
           is a logical operation (runs, prune, copy): they are folded on nothing.
         """
-        hot = await self._log.hot(thread_id)
-        if hot is None:
+        hot, upto = await self._log.latest(thread_id)
+        if upto == 0:
             self._stats["wal_only_reads"] += 1
             return []
-        record = hot.record
-        if record.chain_from < 1 or record.logical_seq >= record.chain_from:
-            raise error
+        record = hot.record if hot is not None else None
         try:
-            entries = await self._log.entries_between(thread_id, 0, record.seq, record)
+            entries = await self._log.entries_between(thread_id, 0, upto, record)
         except StoreError:
             raise error from None  # part of the chain left the stream: Postgres holds it
-        if not entries or entries[0].seq != record.chain_from:
+        if (
+            not entries
+            or not (entries[0].seq == 1 or entries[0].jump)
+            or not all(e.simple for e in entries)
+            or (record is not None and record.chain_from > entries[0].seq)
+        ):
             raise error
         tail = overlay.fold(entries)
         chosen = self._merge([], tail, thread_id, config, flt, before, limit)

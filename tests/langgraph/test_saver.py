@@ -286,3 +286,38 @@ async def test_check_deltas_catches_an_item_changed_in_place(lg_config: LangGrap
         latest = await saver.aget_tuple(cfg(tid))
         assert latest is not None
         assert latest.checkpoint["channel_values"]["messages"][0]["content"] == "changed in place"
+
+
+async def test_a_write_is_acknowledged_before_its_hot_record_and_read_anywhere(
+    lg_config: LangGraphConfig,
+) -> None:
+    """Issue 23, item 4: the hot record is advanced in the background (a write costs one
+    round trip), so it may lag. Readers on any instance still see every acknowledged
+    write (they read the subject's last entry beside it), and another writer's write on
+    top of the lagging record keeps the seqs in order."""
+    tid = thread()
+    released = asyncio.Event()
+    async with (
+        BufferedCheckpointSaver.connect(lg_config) as writer,
+        BufferedCheckpointSaver.connect(lg_config) as reader,
+    ):
+        swap = writer.wal.kv_swap
+
+        async def held_swap(key: str, value: bytes, *, revision: int | None) -> int:
+            await released.wait()
+            return await swap(key, value, revision=revision)
+
+        writer.wal.kv_swap = held_swap  # type: ignore[method-assign]
+        first = await put(writer, tid, step=1)
+        assert writer.stats()["entries"] == 1  # acknowledged while the KV update waits
+        seen = await reader.aget_tuple(cfg(tid))
+        assert seen is not None
+        assert seen.config == first
+        cp = generate_checkpoint(channel_values={"step": 2}, channel_versions={"step": 2})
+        second = await reader.aput(first, cp, {"source": "loop", "step": 2}, {"step": 2})
+        released.set()
+        await writer.force_flush_all()
+        latest = await writer.aget_tuple(cfg(tid))
+        assert latest is not None
+        assert latest.config == second
+        assert [t.config async for t in writer.alist(cfg(tid))] == [second, first]
