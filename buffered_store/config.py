@@ -158,6 +158,10 @@ class BufferedStoreConfig(EngineConfig):
     """Stream seqs of the latest entries kept in the hot record for direct reads."""
     cursor_cache_threads: int = 4096
     """Threads whose last snapshot this instance keeps to send append-only deltas."""
+    entry_cache_bytes: int = 32 * 1024 * 1024
+    """Bytes of the entries this instance appended that it keeps for reads of its own
+    threads (the newest 64 of each thread; a read of the unflushed tail then needs no
+    fetch); 0 keeps none."""
     run_claim_grace_s: float = 300.0
     """How long a run id claimed by a thread that does not (yet) hold the run stays
     reserved to it: the claiming checkpoint may still be in flight (a publish buffered
@@ -173,6 +177,8 @@ class BufferedStoreConfig(EngineConfig):
         for name in ("checkpoint_timeout_s", "drain_timeout_s", "run_claim_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
+        if not isinstance(self.entry_cache_bytes, int) or self.entry_cache_bytes < 0:
+            raise ConfigError(f"entry_cache_bytes must be >= 0, got {self.entry_cache_bytes!r}")
         for name in ("recent_window", "cursor_cache_threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

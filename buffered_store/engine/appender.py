@@ -24,7 +24,7 @@ from buffered_store.engine.entries import E, Format, H, follows
 from buffered_store.engine.ids import check_aware, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
-from buffered_store.engine.threadlog import ThreadLog
+from buffered_store.engine.threadlog import EntryCache, ThreadLog
 from buffered_store.errors import (
     CommitUnknownError,
     ConflictError,
@@ -83,6 +83,12 @@ class WriteFormat(Format[E, H], Protocol[E, H, S]):
 
     def with_recent(self, record: H, recent: tuple[tuple[int, int], ...]) -> H:
         """The record with another `recent` list."""
+        ...
+
+    def placed(self, entry: E, stream_seq: int) -> E | None:
+        """The entry as read back from the stream at `stream_seq`, to keep for reads
+        (`EntryCache`); None when the built entry cannot stand for it (it holds the
+        caller's mutable objects)."""
         ...
 
     def known_state(self, hot: H | None, same_seq: S | None) -> S | None:
@@ -207,7 +213,7 @@ class Writer(Generic[E, H, S]):
         self.wal = wal
         self.config = config
         self.fmt = fmt
-        self.log = ThreadLog(wal, config, fmt)
+        self.log = ThreadLog(wal, config, fmt, cache=EntryCache(config.entry_cache_bytes))
         self._seed = seed
         self._clock = clock
         self.cursors: CursorCache[H, S] = CursorCache(config.cursor_cache_threads)
@@ -334,6 +340,9 @@ class Writer(Generic[E, H, S]):
                 self.cursors.put(thread_id, cursor)
                 continue
             self.wal_bytes += len(payload)
+            placed = self.fmt.placed(entry, stream_seq) if self.log.cache is not None else None
+            if placed is not None and self.log.cache is not None:
+                self.log.cache.put(thread_id, placed, len(payload))
             return entry, stream_seq, cursor
         raise ConflictError(f"thread {thread_id!r}: too many concurrent writers, gave up")
 

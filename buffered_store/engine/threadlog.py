@@ -51,6 +51,54 @@ MARK_CACHE_SIZE = 65_536
 ones are forgotten first)."""
 
 
+class EntryCache(Generic[E]):
+    """Entries this process appended, kept for its own reads of their threads.
+
+    An entry never changes once it is in the stream, so a read of a thread this process
+    writes finds its unflushed tail here instead of fetching it again. Bounded in bytes
+    (the entries' wire sizes, least recently written threads dropped first) and to the
+    newest `per_thread` entries of each thread.
+    """
+
+    def __init__(self, max_bytes: int, per_thread: int = 64) -> None:
+        self.max_bytes = max_bytes
+        self.per_thread = per_thread
+        self.bytes = 0
+        self._threads: OrderedDict[str, OrderedDict[int, tuple[E, int]]] = OrderedDict()
+
+    def put(self, thread_id: str, entry: E, size: int) -> None:
+        """Keep `entry` (read back from the stream: its stream seq is set), `size` bytes."""
+        if self.max_bytes <= 0 or size > self.max_bytes:
+            return
+        entries = self._threads.get(thread_id)
+        if entries is None:
+            entries = self._threads[thread_id] = OrderedDict()
+        self._threads.move_to_end(thread_id)
+        old = entries.pop(entry.seq, None)
+        if old is not None:
+            self.bytes -= old[1]
+        entries[entry.seq] = (entry, size)
+        self.bytes += size
+        while len(entries) > self.per_thread:
+            self.bytes -= entries.popitem(last=False)[1][1]
+        while self.bytes > self.max_bytes and self._threads:
+            _, dropped = self._threads.popitem(last=False)
+            self.bytes -= sum(size for _, size in dropped.values())
+
+    def found(self, thread_id: str, after: int, upto: int) -> dict[int, E]:
+        """The cached entries of the thread with seq in (after, upto]."""
+        entries = self._threads.get(thread_id)
+        if not entries:
+            return {}
+        return {seq: e for seq, (e, _) in entries.items() if after < seq <= upto}
+
+    def drop(self, thread_id: str) -> None:
+        """Forget a thread's entries."""
+        entries = self._threads.pop(thread_id, None)
+        if entries:
+            self.bytes -= sum(size for _, size in entries.values())
+
+
 class ThreadLog(Generic[E, H]):
     """Per-thread views of the WAL: hot records, watermarks and entry ranges, of the
     entries and hot records of one front-end (`fmt`).
@@ -59,10 +107,19 @@ class ThreadLog(Generic[E, H]):
     mark is usually one compare-and-set, without reading the key first.
     """
 
-    def __init__(self, wal: Wal, config: EngineConfig, fmt: Format[E, H]) -> None:
+    def __init__(
+        self,
+        wal: Wal,
+        config: EngineConfig,
+        fmt: Format[E, H],
+        *,
+        cache: EntryCache[E] | None = None,
+    ) -> None:
         self.wal = wal
         self.config = config
         self.fmt = fmt
+        self.cache = cache
+        """Entries this process appended (`EntryCache`), read before the stream."""
         self._marks: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """thread id -> (seq, KV revision) of its flushed mark, as last written or read."""
         self.mark_stats = {"cached_swaps": 0, "stale_revisions": 0, "reads": 0}
@@ -111,12 +168,18 @@ class ThreadLog(Generic[E, H]):
     ) -> list[E]:
         """The chain of entries applying on top of seq `after`, up to seq `upto`, in order.
 
-        Uses the stream seqs cached in the hot record when they cover the range (one round
-        of concurrent direct gets), else walks the subject. Raises `StoreError` when an
-        entry of the chain is no longer in the stream.
+        Uses the entries this process appended when they make the whole chain (no
+        request), else the stream seqs cached in the hot record when they cover the range
+        (one round of concurrent direct gets), else walks the subject. Raises
+        `StoreError` when an entry of the chain is no longer in the stream.
         """
         if upto <= after:
             return []
+        if self.cache is not None:
+            local = self.cache.found(thread_id, after, upto)
+            chain = chain_after(local.values(), after)
+            if chain and chain[-1].seq == upto:
+                return chain
         known = dict(hot.recent) if hot else {}
         found = await self._cached(thread_id, after, upto, known)
         chain = chain_after(found.values(), after)

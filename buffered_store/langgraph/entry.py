@@ -708,6 +708,10 @@ class LangGraphFormat:
     def with_recent(self, record: LgHot, recent: tuple[tuple[int, int], ...]) -> LgHot:
         return replace(record, recent=recent)
 
+    def placed(self, entry: LgEntry, stream_seq: int) -> LgEntry:
+        # Operations hold bytes and texts only: the built entry is what a read gets back.
+        return replace(entry, stream_seq=stream_seq)
+
     def known_state(self, hot: LgHot | None, same_seq: LgState | None) -> LgState | None:
         if same_seq is not None:
             return same_seq

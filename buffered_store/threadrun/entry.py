@@ -352,6 +352,11 @@ class ThreadRunFormat:
         """The record with another `recent` list."""
         return replace(record, recent=recent)
 
+    def placed(self, entry: WalEntry, stream_seq: int) -> WalEntry | None:
+        """None: a built entry holds the caller's run and metadata objects, which it may
+        change after the call (reads of a writer's own threads use its snapshot)."""
+        return None
+
     def known_state(
         self, hot: HotRecord | None, same_seq: list[bytes] | None
     ) -> list[bytes] | None:

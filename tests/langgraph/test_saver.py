@@ -23,6 +23,7 @@ from buffered_store.errors import (
     ValidationError,
 )
 from buffered_store.langgraph import BufferedCheckpointSaver, LangGraphConfig
+from buffered_store.nats import NatsWal
 
 
 def cfg(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
@@ -321,3 +322,21 @@ async def test_a_write_is_acknowledged_before_its_hot_record_and_read_anywhere(
         assert latest is not None
         assert latest.config == second
         assert [t.config async for t in writer.alist(cfg(tid))] == [second, first]
+
+
+async def test_reading_its_own_unflushed_thread_fetches_no_entry(
+    saver: BufferedCheckpointSaver,
+) -> None:
+    """Issue 23, item 4: a run starts by reading its thread; the entries this saver wrote
+    are kept (they never change), so the read's only NATS requests are the hot record and
+    the subject's last entry, in one round trip."""
+    tid = thread()
+    for step in range(1, 6):
+        await put(saver, tid, step=step)
+    wal = saver.wal
+    assert isinstance(wal, NatsWal)
+    asked = wal.record_requests()
+    found = await saver.aget_tuple(cfg(tid))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"step": 5}
+    assert len(asked) == 2, asked  # the KV get and the last message: no direct get by seq

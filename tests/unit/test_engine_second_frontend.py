@@ -84,6 +84,9 @@ class NotesFormat:
     def with_recent(self, record: NoteHot, recent: tuple[tuple[int, int], ...]) -> NoteHot:
         return replace(record, recent=recent)
 
+    def placed(self, entry: Note, stream_seq: int) -> Note:
+        return replace(entry, stream_seq=stream_seq)
+
     def known_state(self, hot: NoteHot | None, same_seq: int | None) -> int | None:
         return 0 if hot is None else hot.count
 
