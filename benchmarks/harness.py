@@ -107,6 +107,10 @@ class Bench:
         self.durable_nats: NatsServer | None = None
         self.databases: list[str] = []
         self.notes: list[str] = []
+        # The display refreshes from a thread of the measured process: rendering a dozen
+        # rows on a terminal takes milliseconds of CPU with the GIL held, so once a second
+        # only, and not at all when the output is not a terminal (the samplers print a
+        # plain line every 10 s then).
         self.progress = Progress(
             TextColumn("{task.description:<34}"),
             BarColumn(bar_width=24),
@@ -114,6 +118,8 @@ class Bench:
             TimeElapsedColumn(),
             console=self.console,
             transient=False,
+            auto_refresh=self.console.is_terminal,
+            refresh_per_second=1,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
