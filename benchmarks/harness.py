@@ -57,6 +57,9 @@ class Options:
     """Graph steps per run (`langgraph`)."""
     runs: int | None = None
     """Graph runs per thread, one after the other (`langgraph`)."""
+    db_delay_ms: float | None = None
+    """Round trip (ms) a delaying proxy adds to every Postgres connection of the sides
+    (`langgraph`; `remote-db` always adds 2 ms)."""
     keep: bool = False
     profile: bool = False
     command: str = ""
