@@ -77,6 +77,17 @@ class Thinker:
         self._runs[thread] = thinks
         return thinks
 
+    async def arrive(self, thread: str) -> None:
+        """Before the thread's first run, wait until its first slot: paced threads start
+        spread over the first interval, as paced arrivals do, instead of all reading their
+        threads and writing their input's checkpoints at once."""
+        slots = self.slots[thread] if self.slots is not None else None
+        if slots is None:
+            return
+        delay = self.clock_zero + slots.due_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     async def think(self, thread: str) -> None:
         """Wait for the thread's slot (paced) and record how long that took."""
         thinks = self._runs[thread]
@@ -131,6 +142,7 @@ async def drive(
     async def thread(index: int) -> None:
         tid = thread_id(phase, index)
         config: RunnableConfig = {"configurable": {"thread_id": tid}}
+        await thinker.arrive(tid)
         for run in range(shape.runs):
             inputs = {
                 "messages": [HumanMessage(content=f"run {run}: {FILLER}")],

@@ -376,7 +376,8 @@ def methods(delay_ms: float) -> dict[str, str]:
         "buffered side a new saver and flusher process), on threads of its own",
         "pacing": "the node waits for its thread's next slot before it answers, like an LLM "
         "call: each thread has one slot every threads / rate seconds, the first at a random "
-        "offset within the first interval (the same offsets on every side); a thread more "
+        "offset within the first interval (the same offsets on every side), where the "
+        "thread starts its first run (so the threads do not all start at once); a thread more "
         "than one interval behind skips the slots it missed (counted) instead of catching "
         "up, so a side that cannot keep up achieves less than it was offered",
         "step latency": "each run is graph.astream(..., stream_mode='updates', "
