@@ -154,7 +154,7 @@ def compare(
         "checkpoints": {key: sum(c for c, _ in per.values()) for key, per in found.items()},
         "threads_differing": differ,
         "threads_not_as_expected": short,
-        "found": found,
+        "found": {key: {t: list(v) for t, v in per.items()} for key, per in found.items()},
         "method": "after the runs (buffered: flusher drained, then force_flush_all after "
         "every phase), AsyncPostgresSaver reads each Postgres side's database and the "
         "in-memory saver is read after each of its phases: alist() of every thread counts "

@@ -135,7 +135,6 @@ async def run(bench: Bench) -> Outcome:
     bench.say(("[green]" if check["ok"] else "[red]") + f"correctness:[/] {check['summary']}")
     if not check["ok"]:
         bench.note(f"correctness check failed: {check['summary']}")
-    del check["found"]
     return Outcome(
         sides=ordered,
         targets=judge(ordered, delay_ms=delay),
