@@ -69,6 +69,13 @@ def _scenario_command(name: str) -> click.Command:
     @click.option(
         "--runs", type=int, default=None, help="Graph runs per thread, in turn (langgraph)."
     )
+    @click.option(
+        "--db-delay-ms",
+        type=click.FloatRange(min=0.0),
+        default=None,
+        help="Round trip (ms) a delaying proxy adds to every Postgres connection of the "
+        "sides, D/2 each way; NATS stays local (langgraph).",
+    )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
         "--profile",

@@ -57,6 +57,9 @@ class Options:
     """Graph steps per run (`langgraph`)."""
     runs: int | None = None
     """Graph runs per thread, one after the other (`langgraph`)."""
+    db_delay_ms: float | None = None
+    """Round trip (ms) a delaying proxy adds to every Postgres connection of the sides
+    (`langgraph`; `remote-db` always adds 2 ms)."""
     keep: bool = False
     profile: bool = False
     command: str = ""
@@ -107,6 +110,10 @@ class Bench:
         self.durable_nats: NatsServer | None = None
         self.databases: list[str] = []
         self.notes: list[str] = []
+        # The display refreshes from a thread of the measured process: rendering a dozen
+        # rows on a terminal takes milliseconds of CPU with the GIL held, so once a second
+        # only, and not at all when the output is not a terminal (the samplers print a
+        # plain line every 10 s then).
         self.progress = Progress(
             TextColumn("{task.description:<34}"),
             BarColumn(bar_width=24),
@@ -114,6 +121,8 @@ class Bench:
             TimeElapsedColumn(),
             console=self.console,
             transient=False,
+            auto_refresh=self.console.is_terminal,
+            refresh_per_second=1,
         )
 
     # -- lifecycle ------------------------------------------------------------------------

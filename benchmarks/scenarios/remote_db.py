@@ -3,16 +3,8 @@ direct Postgres against the buffered store, whose flusher goes through the same 
 
 from __future__ import annotations
 
-import asyncio
-import statistics
-import time
-from urllib.parse import urlsplit
-
-import psycopg
-
-from ..harness import Bench, with_host
-from ..proxy import start_proxy
-from ..report import fmt
+from ..harness import Bench
+from ..link import open_link
 from ..sides import SidePlan, run_side
 from ..workload import Workload
 from . import Outcome
@@ -47,59 +39,28 @@ def workload(bench: Bench) -> Workload:
     )
 
 
-def _ping_ms(url: str, count: int) -> float:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        samples = []
-        for _ in range(count):
-            began = time.perf_counter()
-            conn.execute("SELECT 1")
-            samples.append((time.perf_counter() - began) * 1000)
-    return statistics.median(samples)
-
-
 async def run(bench: Bench) -> Outcome:
     wl = workload(bench)
-    target_url = urlsplit(bench.admin_libpq_url)
-    host, port = target_url.hostname or "127.0.0.1", target_url.port or 5432
     count = 50 if bench.options.quick else 300
-    plain = await asyncio.to_thread(_ping_ms, bench.admin_libpq_url, count)
-    # The proxy's sleeps overshoot a little: calibrate the per-direction delay once so the
-    # link adds 2 ms per round trip, not more (a slower link would flatter the buffered side).
-    delay_ms = DELAY_MS_EACH_WAY
-    proxy = await start_proxy(host, port, delay_ms=delay_ms, max_seconds=4 * 3600)
-    via = with_host(bench.admin_libpq_url, "127.0.0.1", proxy.port)
-    proxied = await asyncio.to_thread(_ping_ms, via, count)
-    first_try = {"delay_ms_each_way": delay_ms, "added_ms": proxied - plain}
-    excess = (proxied - plain) - 2 * DELAY_MS_EACH_WAY
-    if excess > 0.05:
-        await proxy.stop()
-        delay_ms = max(0.0, DELAY_MS_EACH_WAY - excess / 2)
-        proxy = await start_proxy(host, port, delay_ms=delay_ms, max_seconds=4 * 3600)
-        via = with_host(bench.admin_libpq_url, "127.0.0.1", proxy.port)
-        proxied = await asyncio.to_thread(_ping_ms, via, count)
+    link = await open_link(bench.admin_libpq_url, 2 * DELAY_MS_EACH_WAY, count=count)
     try:
-        route = ("127.0.0.1", proxy.port)
-        cpu = {"proxy": lambda: proxy.pid}
+        cpu = {"proxy": lambda: link.proxy.pid}
         plans = [
             SidePlan(
-                "direct", "direct Postgres (+2 ms link)", "direct", route=route, extra_cpu=cpu
+                "direct", "direct Postgres (+2 ms link)", "direct", route=link.route, extra_cpu=cpu
             ),
             SidePlan(
                 "buffered",
                 "buffered (+2 ms link to Postgres)",
                 "buffered",
-                route=route,
+                route=link.route,
                 extra_cpu=cpu,
             ),
         ]
         sides = {plan.key: await run_side(bench, plan, wl) for plan in plans}
     finally:
-        await proxy.stop()
-    link = (
-        f"`SELECT 1` round trip, median of {count}: {plain:.3f} ms direct, {proxied:.3f} ms "
-        f"through the proxy: the link adds {proxied - plain:.3f} ms per round trip."
-    )
+        await link.proxy.stop()
+    measured = link.figures()
     return Outcome(
         sides=sides,
         targets=[
@@ -109,14 +70,9 @@ async def run(bench: Bench) -> Outcome:
         parameters={
             "workload": wl.__dict__,
             "delay_ms_each_way_target": DELAY_MS_EACH_WAY,
-            "delay_ms_each_way_used": delay_ms,
-            "calibration_first_try": first_try,
-            "measured_rtt_ms": {"plain": plain, "proxied": proxied, "added": proxied - plain},
+            "delay_ms_each_way_used": link.delay_ms_each_way,
+            "calibration_first_try": measured["calibration_first_try"],
+            "measured_rtt_ms": measured["measured_rtt_ms"],
         },
-        sections={
-            "The link": link
-            + f" Target added round trip: {fmt(2 * DELAY_MS_EACH_WAY)} ms; the proxy sleeps "
-            f"{delay_ms:.3f} ms each way after calibration (first try with "
-            f"{DELAY_MS_EACH_WAY} ms added {first_try['added_ms']:.3f} ms)."
-        },
+        sections={"The link": link.describe()},
     )

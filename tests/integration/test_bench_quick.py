@@ -27,6 +27,10 @@ BENCH = "buffered_store.benchmarks"
 
 CURVE_POINTS = ("max", "25", "50", "90")
 """The curve scenario's points run on both sides: the maximum, then % of direct's."""
+LG_SIDES = ("floor", "direct", "buffered")
+"""The langgraph scenario's checkpointers: InMemorySaver, AsyncPostgresSaver, buffered."""
+LG_PHASES = ("max", "25", "50", "90")
+"""Its phases on every side: closed loop, then % of AsyncPostgresSaver's maximum."""
 
 # scenario -> (side keys, extra plots)
 SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
@@ -48,7 +52,10 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
         {"timeline.png", "latency_vs_load.png"},
     ),
     "writer-cpu": ({"append", "checkpoint", "raw"}, {"writer_cpu.png"}),
-    "langgraph": ({"direct", "buffered"}, {"timeline.png"}),
+    "langgraph": (
+        {f"{side}_{phase}" for side in LG_SIDES for phase in LG_PHASES},
+        {"timeline.png", "latency_vs_load.png"},
+    ),
 }
 TOP_KEYS = {
     "scenario",
@@ -63,10 +70,10 @@ TOP_KEYS = {
 }
 
 
-def run_quick(scenario: str, out: Path) -> dict[str, Any]:
+def run_quick(scenario: str, out: Path, *extra: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "DATABASE_URL")}
     done = subprocess.run(
-        [sys.executable, "-m", BENCH, scenario, "--quick", "--output", str(out)],
+        [sys.executable, "-m", BENCH, scenario, "--quick", "--output", str(out), *extra],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -183,27 +190,91 @@ def check_spark_overlay(data: dict[str, Any], report: str) -> None:
 
 
 def check_langgraph(data: dict[str, Any], report: str) -> None:
-    """Per-step figures on both sides, the ratios reported and not judged, and the same
-    checkpoints per thread on both sides after force_flush_all."""
+    """Every side in every phase with its steps, latencies and CPU per step, the paced
+    points at their fractions of AsyncPostgresSaver's maximum, the loopback targets, and
+    the same checkpoints per thread on all three sides after force_flush_all."""
     params = data["parameters"]
+    check_langgraph_phases(data)
+    assert [t["id"] for t in data["targets"]] == [
+        "lg_p50",
+        "lg_p99",
+        "lg_cpu",
+        "lg_pg_tx",
+        "lg_rate",
+    ]
+    assert all(t["met"] is None for t in data["targets"][3:])
+    assert params["db_delay_ms"] == 0.0
+    assert "link" not in params
     for key, side in data["sides"].items():
-        assert side["steps"] == params["threads"] * params["runs"] * params["steps"], key
+        assert "proxy" not in side["cpu"]["seconds"], key
+    for title in ("Phases side by side", "Flusher", "Correctness after force_flush_all"):
+        assert f"## {title}" in report
+    assert "PG transactions / step" in report
+    assert "latency_vs_load.png" in report
+
+
+def check_langgraph_phases(data: dict[str, Any]) -> None:
+    """What every langgraph run holds, whatever its link."""
+    params = data["parameters"]
+    d_max = params["asyncpostgressaver_max_per_s"]
+    assert d_max == data["sides"]["direct_max"]["throughput_per_s"]
+    for key, side in data["sides"].items():
+        kind, phase = key.split("_")
+        assert (side["kind"], side["phase"]) == (kind, phase)
+        runs = params["runs"] if phase == "max" else params["paced_runs"]
+        assert side["steps"] == params["threads"] * params["steps"] * runs, key
         assert side["failed"] == 0, (key, side["failure_kinds"])
-        assert side["pg"]["transactions_per_step"] > 0, key
-        assert side["pg"]["pg_wal_bytes_per_step"] > 0, key
-        assert {"p50", "p95", "p99"} <= set(side["run_latency_ms"]), key
-    assert data["sides"]["buffered"]["flush"]["drain_s"] is not None
-    assert data["sides"]["buffered"]["nats"]["wal_bytes_per_step"] > 0
-    assert [t["id"] for t in data["targets"]] == ["lg_pg_tx", "lg_p99", "lg_rate"]
-    assert all(t["met"] is None for t in data["targets"])
+        assert side["checkpoints"] == params["threads"] * runs * (params["steps"] + 2), key
+        for figure in ("latency_ms", "latency_first_ms", "run_latency_ms", "think_ms"):
+            assert {"p50", "p99"} <= set(side[figure]), (key, figure)
+        assert side["latency_ms"]["count"] == params["threads"] * runs * (params["steps"] - 1)
+        if phase == "max":
+            assert side["offered_per_s"] is None, key
+            assert side["closed_loop"], key
+            assert side["think_ms"]["max"] == 0.0, key
+        else:
+            assert side["offered_per_s"] == pytest.approx(int(phase) / 100 * d_max), key
+            assert side["late_slots"] >= 0, key
+        cpu = side["cpu"]["ms_per_step"]
+        assert {"total", "harness", "postgres"} <= set(cpu), key
+        if kind == "floor":
+            assert "pg" in side["unavailable"], key
+        else:
+            assert side["pg"]["transactions_per_step"] > 0, key
+        if kind == "buffered":
+            assert {"nats_server", "flusher"} <= set(cpu), key
+            flush = side["flush"]
+            assert flush["drain_s"] is not None, key
+            assert flush["process_cpu_us_per_entry"] > 0, key
+            assert {"max", "trough_slope_per_s_second_half"} <= set(flush["backlog"]), key
+            assert "backlog_flat" in flush, key
+            assert side["nats"]["wal_bytes_per_step"] > 0, key
     check = data["figures"]["correctness"]
     assert check["ok"], check["summary"]
-    expected = params["runs"] * (params["steps"] + 2)
-    assert check["expected_checkpoints_per_thread"] == expected
-    total = expected * params["threads"]
-    assert check["checkpoints"] == {"direct": total, "buffered": total}
-    assert "## Correctness after force_flush_all" in report
-    assert "PG transactions / step" in report
+    total = sum(data["figures"]["correctness"]["expected_checkpoints_per_thread"].values())
+    assert check["checkpoints"] == {"floor": total, "direct": total, "buffered": total}
+
+
+@pytest.mark.timeout(300)
+def test_langgraph_quick_with_postgres_behind_a_delaying_link(tmp_path: Path) -> None:
+    """`--db-delay-ms 2`: every Postgres connection of the sides through the proxy, its
+    round trip measured, the remote targets judged instead of the loopback ones."""
+    data = run_quick("langgraph", tmp_path / "lg-delay", "--db-delay-ms", "2")
+    check_langgraph_phases(data)
+    link = data["parameters"]["link"]
+    assert data["parameters"]["db_delay_ms"] == 2.0
+    assert link["measured_rtt_ms"]["proxied"] > link["measured_rtt_ms"]["plain"]
+    assert [t["id"] for t in data["targets"]] == [
+        "lg_p50",
+        "lg_remote_p99",
+        "lg_remote_rate",
+        "lg_pg_tx",
+    ]
+    assert all("+2 ms link" in t["figure"] for t in data["targets"])
+    for key in ("direct_50", "buffered_50"):
+        assert "proxy" in data["sides"][key]["cpu"]["outside_total"], key
+    report = (tmp_path / "lg-delay" / "report.md").read_text()
+    assert "## The link" in report
 
 
 SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {

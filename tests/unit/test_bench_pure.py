@@ -1,10 +1,12 @@
 """Pure parts of the benchmark harness: the workload's store call, warm-call latencies,
-the curve scenario's maximum rates and the writer-cpu scenario's flatness figures."""
+the curve scenario's maximum rates, the writer-cpu scenario's flatness figures and the
+langgraph scenario's pacing, step latencies, CPU per step and judging."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,6 +24,15 @@ if TYPE_CHECKING:
     from benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
     from benchmarks.scenarios.common import backlog_growing
     from benchmarks.scenarios.curve import maximum
+    from benchmarks.scenarios.langgraph_pacing import (
+        Slots,
+        StepLog,
+        paced_runs,
+        phase_cpu,
+        run_times,
+        thread_slots,
+    )
+    from benchmarks.scenarios.langgraph_report import compare, judge
     from benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.sides import sample_loop
@@ -32,6 +43,15 @@ else:
     from buffered_store.benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
     from buffered_store.benchmarks.scenarios.common import backlog_growing
     from buffered_store.benchmarks.scenarios.curve import maximum
+    from buffered_store.benchmarks.scenarios.langgraph_pacing import (
+        Slots,
+        StepLog,
+        paced_runs,
+        phase_cpu,
+        run_times,
+        thread_slots,
+    )
+    from buffered_store.benchmarks.scenarios.langgraph_report import compare, judge
     from buffered_store.benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
     from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
     from buffered_store.benchmarks.sides import sample_loop
@@ -268,3 +288,186 @@ async def test_wait_or_stop_waits_its_interval_or_until_stopped() -> None:
     assert await wait_or_stop(stop, 30) is True
     assert time.monotonic() - began < 10
     assert await wait_or_stop(stop, 30) is True  # already set: at once
+
+
+# -- langgraph: pacing, step latencies, CPU per step, judging ------------------------------
+
+
+def test_a_paced_node_waits_for_its_slot_and_the_next_slot_is_one_interval_later() -> None:
+    slots = Slots(interval_s=0.5, due_s=0.2)
+    assert slots.wait_s(0.0) == pytest.approx(0.2)
+    assert slots.wait_s(0.3) == pytest.approx(0.4)  # the step took 0.1 s: 0.4 s to 0.7
+    assert slots.wait_s(1.25) == 0.0  # 0.05 s late: starts at once, no slot skipped
+    assert slots.wait_s(1.3) == pytest.approx(0.4)  # back on the schedule: 1.7
+    assert slots.late_slots == 0
+
+
+def test_a_thread_more_than_one_interval_behind_skips_the_slots_it_missed() -> None:
+    slots = Slots(interval_s=0.5, due_s=0.0)
+    assert slots.wait_s(0.0) == 0.0
+    assert slots.wait_s(1.8) == 0.0  # due at 0.5: 1.3 s behind, the slots of 0.5 and 1.0 go
+    assert slots.late_slots == 2
+    assert slots.wait_s(1.9) == pytest.approx(0.1)  # next slot 2.0, no burst to catch up
+
+
+def test_thread_slots_spread_the_first_slots_over_one_interval_alike_on_every_side() -> None:
+    one = thread_slots(32, 100.0, random.Random("slots-50"))
+    other = thread_slots(32, 100.0, random.Random("slots-50"))
+    assert [s.due_s for s in one] == [s.due_s for s in other]
+    assert all(s.interval_s == pytest.approx(0.32) for s in one)
+    assert all(0 <= s.due_s < 0.32 for s in one)
+    with pytest.raises(ValueError, match="positive rate"):
+        thread_slots(4, 0.0, random.Random(1))
+
+
+def test_a_steps_latency_is_the_time_between_two_updates_minus_the_nodes_think_time() -> None:
+    # Called at 10.0; nodes thought 40, 100 and 105 ms; updates at +50, +160, +270 ms.
+    times = run_times(10.0, [10.050, 10.160, 10.270], 10.2702, [0.040, 0.100, 0.105])
+    assert times.first_ms == pytest.approx(10.0)
+    assert times.steps_ms == pytest.approx([10.0, 5.0])
+    assert times.end_ms == pytest.approx(0.2)
+    assert times.run_ms == pytest.approx(25.2)
+    with pytest.raises(ValueError, match="2 updates for 3 node runs"):
+        run_times(10.0, [10.1, 10.2], 10.3, [0.0, 0.0, 0.0])
+
+
+def test_the_step_log_gathers_every_runs_latencies_and_counts_failures_by_kind() -> None:
+    log = StepLog()
+    log.run(0.0, [0.002, 0.005, 0.009], 0.0095, [0.0, 0.0, 0.0])
+    log.run(1.0, [1.011, 1.113], 1.1131, [0.010, 0.1])
+    log.fail(TimeoutError())
+    log.fail(TimeoutError())
+    assert log.nodes == 5
+    assert log.steps_ms == pytest.approx([3.0, 4.0, 2.0])
+    assert log.first_ms == pytest.approx([2.0, 1.0])
+    assert log.failures == {"TimeoutError": 2}
+    figures = log.figures()
+    assert figures["latency_ms"]["count"] == 3
+    assert figures["think_ms"]["max"] == pytest.approx(100.0)
+
+
+def test_paced_points_run_what_fits_the_judged_points_length_within_the_closed_loops_runs() -> None:
+    def runs(max_per_s: float | None) -> int:
+        return paced_runs(max_per_s, threads=32, steps=20, runs=3, judged_s=20.0, fraction=0.5)
+
+    assert runs(450.0) == 3  # 7 would fit: no more than the closed loop's
+    assert runs(130.0) == 2  # 2 x 640 steps at 65/s: 19.7 s
+    assert runs(30.0) == 1  # even one run is longer: one all the same
+    assert runs(None) == 1
+
+
+def test_phase_cpu_adds_the_flusher_and_leaves_the_proxy_out_of_the_total() -> None:
+    before = {"harness": 1.0, "postgres": 2.0, "proxy": 0.5, "total": 3.5, "machine_busy": 10.0}
+    after = {"harness": 3.0, "postgres": 3.0, "proxy": 1.5, "total": 7.5, "machine_busy": 16.0}
+    cpu = phase_cpu(before, after, 1000, flusher_s=0.5, outside_total=("proxy",))
+    assert cpu["seconds"]["total"] == pytest.approx(3.5)  # 2 + 1 + 0.5 flusher, no proxy
+    assert cpu["seconds"]["proxy"] == pytest.approx(1.0)
+    assert cpu["seconds"]["other_processes"] == pytest.approx(1.5)  # 6 busy - 4 - 0.5
+    assert cpu["ms_per_step"]["total"] == pytest.approx(3.5)
+    assert cpu["ms_per_step"]["flusher"] == pytest.approx(0.5)
+    assert phase_cpu(before, after, 0)["ms_per_step"]["total"] is None
+
+
+def lg_phase(
+    kind: str,
+    phase: str,
+    *,
+    p50: float = 1.0,
+    p99: float = 5.0,
+    cpu: float = 3.0,
+    rate: float = 100.0,
+    drain: float | None = None,
+    flat: bool | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "phase": phase,
+        "closed_loop": phase == "max",
+        "offered_per_s": None if phase == "max" else rate,
+        "throughput_per_s": rate,
+        "latency_ms": {"p50": p50, "p99": p99},
+        "cpu": {"ms_per_step": {"total": cpu}},
+        "pg": {"transactions_per_step": 2.0 if kind == "direct" else 0.1},
+        "flush": {"drain_s": drain, "backlog_flat": flat, "backlog_trend_per_s": 0.0},
+    }
+
+
+def lg_phases(**buffered: Any) -> dict[str, dict[str, Any]]:
+    """Closed loop and the 50% point: floor 0.8 ms p50; AsyncPostgresSaver 4 / 20 ms, 3 ms
+    of CPU, 150 steps/s closed loop; the buffered side as given."""
+    closed = {
+        "floor_max": lg_phase("floor", "max", rate=900.0),
+        "direct_max": lg_phase("direct", "max", rate=150.0),
+        "buffered_max": lg_phase(
+            "buffered",
+            "max",
+            rate=buffered.pop("rate", 500.0),
+            drain=buffered.pop("drain", 0.4),
+            flat=buffered.pop("flat", True),
+        ),
+    }
+    return {
+        **closed,
+        "floor_50": lg_phase("floor", "50", p50=0.8, p99=3.0, cpu=1.0),
+        "direct_50": lg_phase("direct", "50", p50=4.0, p99=20.0, cpu=3.0),
+        "buffered_50": lg_phase("buffered", "50", **buffered),
+    }
+
+
+def test_langgraph_loopback_targets_judge_p50_against_the_floor_p99_and_cpu_against_direct() -> (
+    None
+):
+    judged = judge(lg_phases(p50=1.2, p99=18.0, cpu=2.9), delay_ms=0.0)
+    verdicts = {t["id"]: t["met"] for t in judged}
+    assert verdicts == {
+        "lg_p50": True,
+        "lg_p99": True,
+        "lg_cpu": True,
+        "lg_pg_tx": None,
+        "lg_rate": None,
+    }
+    p50 = judged[0]
+    assert p50["ratio"] == pytest.approx(4.0 / 1.2)  # AsyncPostgresSaver's p50 over buffered
+    assert "+0.40 ms; limit +0.5 ms" in p50["measured"]
+
+    missed = judge(lg_phases(p50=1.31, p99=20.5, cpu=3.1), delay_ms=0.0)
+    assert {t["id"]: t["met"] for t in missed if t["met"] is not None} == {
+        "lg_p50": False,
+        "lg_p99": False,
+        "lg_cpu": False,
+    }
+
+
+def test_langgraph_remote_targets_need_the_flusher_to_keep_up_for_the_rate() -> None:
+    judged = judge(lg_phases(p50=1.1, p99=9.0), delay_ms=2.0)
+    verdicts = {t["id"]: t["met"] for t in judged}
+    assert verdicts == {
+        "lg_p50": True,
+        "lg_remote_p99": True,
+        "lg_remote_rate": True,
+        "lg_pg_tx": None,
+    }
+    assert all("+2 ms link" in t["figure"] for t in judged)
+
+    slow_drain = {t["id"]: t for t in judge(lg_phases(drain=2.5), delay_ms=2.0)}
+    assert slow_drain["lg_remote_rate"]["ratio"] == pytest.approx(500 / 150)
+    assert slow_drain["lg_remote_rate"]["met"] is False
+    growing = {t["id"]: t["met"] for t in judge(lg_phases(flat=False), delay_ms=2.0)}
+    assert growing["lg_remote_rate"] is False
+    too_slow = {t["id"]: t["met"] for t in judge(lg_phases(rate=400.0, p99=11.0), delay_ms=2.0)}
+    assert too_slow["lg_remote_rate"] is False
+    assert too_slow["lg_remote_p99"] is False  # 20 / 11 < 2
+
+
+def test_the_correctness_check_compares_every_side_with_asyncpostgressaver() -> None:
+    expected = {"lg-max-0000": 44, "lg-50-0000": 22}
+    same = {"lg-max-0000": (44, 42), "lg-50-0000": (22, 21)}
+    check = compare({"direct": same, "buffered": dict(same), "floor": dict(same)}, expected)
+    assert check["ok"], check["summary"]
+    assert check["checkpoints"] == {"direct": 66, "buffered": 66, "floor": 66}
+
+    lost = {**same, "lg-50-0000": (21, 20)}
+    check = compare({"direct": same, "buffered": lost, "floor": dict(same)}, expected)
+    assert not check["ok"]
+    assert check["threads_differing"] == {"buffered": ["lg-50-0000"], "floor": []}
+    assert check["threads_not_as_expected"]["buffered"] == ["lg-50-0000"]
