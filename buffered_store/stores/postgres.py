@@ -472,7 +472,8 @@ class PostgresThreadRunStore(PostgresReads):
         settled = plan.settle(call, writing, results)
         if not writing.commit:
             if settled.refused:
-                call.refused.update((refusal.index, refusal) for refusal in settled.refused)
+                left_out = plan.to_leave_out(settled.refused)
+                call.refused.update((refusal.index, refusal) for refusal in left_out)
                 return _Rerun.ISOLATED
             await link.execute(plan.COMMIT)
         self._stats["transactions"] += 1

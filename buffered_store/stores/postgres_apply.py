@@ -55,6 +55,7 @@ __all__ = [
     "refused_outcomes",
     "rejected_outcome",
     "settle",
+    "to_leave_out",
     "writing",
 ]
 
@@ -297,6 +298,16 @@ def settle(call: ApplyCall, plan: Writing, results: Sequence[StepResult]) -> Set
                 Refusal(index, write.thread_id, planned.base.flushed_seq, write.run_ids)
             )
     return settled
+
+
+def to_leave_out(refusals: Sequence[Refusal]) -> list[Refusal]:
+    """The refusals a rolled back run leaves out of the next: the first of each thread
+    (a later batch of the same thread was planned on the refused one, and is planned
+    again on the row as it is)."""
+    first: dict[str, Refusal] = {}
+    for refusal in refusals:
+        first.setdefault(refusal.thread_id, refusal)
+    return list(first.values())
 
 
 def rejected_outcome(

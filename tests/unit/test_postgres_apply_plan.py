@@ -256,3 +256,12 @@ def test_a_rejected_batch_fails_with_the_database_error() -> None:
         0,
     )
     assert outcome.error == "ValueError: index row too large"
+
+
+def test_a_rolled_back_run_leaves_out_the_first_refusal_of_each_thread() -> None:
+    refusals = [
+        plan.Refusal(0, "a", 0, ("shared",)),
+        plan.Refusal(2, "a", 1, ("mine",)),  # planned on batch 0: planned again
+        plan.Refusal(1, "b", 0, ("other",)),
+    ]
+    assert plan.to_leave_out(refusals) == [refusals[0], refusals[2]]
