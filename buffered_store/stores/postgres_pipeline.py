@@ -46,21 +46,31 @@ class PipelineConnection:
         """
         self._failed = None
         cursors: list[AsyncCursor[Any]] = []
+        failure: psycopg.Error | None = None
         try:
             async with self._pg.pipeline():
                 for step in steps:
                     cursor = self._pg.cursor(row_factory=namedtuple_row)
                     cursors.append(cursor)
-                    await cursor.execute(step.sql, step.params)
-        except psycopg.Error:
-            failed = next((i for i, c in enumerate(cursors) if c.pgresult is None), None)
-            if failed is not None:
-                self._failed = (steps, failed)
-            raise
+                    try:
+                        await cursor.execute(step.sql, step.params)
+                    except psycopg.Error as error:
+                        # psycopg raises a statement's error as soon as it reads it, here
+                        # from a later statement: stop there and let the pipeline end
+                        # normally (ending it with an error in flight logs a warning).
+                        failure = error
+                        break
+        except psycopg.Error as error:
+            failure = failure or error  # the first error; then "pipeline aborted"
         finally:
             self._stats["round_trips"] += 1
             # BEGIN, COMMIT and ROLLBACK (the steps without parameters) are not counted.
             self._stats["statements"] += sum(step.params is not None for step in steps)
+        if failure is not None:
+            failed = next((i for i, c in enumerate(cursors) if c.pgresult is None), None)
+            if failed is not None:
+                self._failed = (steps, failed)
+            raise failure
         return [
             StepResult(cursor.rowcount, await cursor.fetchall() if step.rows else [])
             for step, cursor in zip(steps, cursors, strict=True)

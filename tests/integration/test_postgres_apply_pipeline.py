@@ -194,6 +194,21 @@ async def test_each_rejected_thread_costs_one_more_transaction(
         assert delta(store, before, "round_trips", "transactions") == [6, 1]
 
 
+async def test_a_rejected_statement_early_in_a_pipeline_logs_nothing(
+    database_url: str, schema_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """psycopg raises the error of a statement from the execution of a later one when it
+    reads it early (here: the first of 64): the pipeline still ends without psycopg
+    logging an "error ignored terminating" warning for each rejected thread."""
+    async with await connect(database_url, schema_name) as store:
+        chains = [Chain(f"t{i:02d}") for i in range(64)]
+        await store.apply([[c.checkpoint(msgs(1), c.thread_id)] for c in chains])
+        batches = [[c.checkpoint(msgs(2), c.thread_id)] for c in chains]
+        outcomes = await store.apply([[poisoned("a-first")], *batches])
+        assert [o.status for o in outcomes] == [ApplyStatus.FAILED] + [ApplyStatus.APPLIED] * 64
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
 # -- gates refused under the lock: a run of another thread ----------------------------------
 
 
