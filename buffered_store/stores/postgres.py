@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
-from buffered_store.errors import ConflictError, StoreError
+from buffered_store.errors import ConfigError, ConflictError, StoreError
 from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
@@ -414,7 +414,8 @@ class PostgresThreadRunStore(PostgresReads):
         # psycopg's pipeline mode on the pooled connection: SQLAlchemy does not offer it.
         async with self._auto.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
-            assert isinstance(raw, psycopg.AsyncConnection)
+            if not isinstance(raw, psycopg.AsyncConnection):
+                raise ConfigError(f"apply() needs the psycopg 3 driver, not {type(raw).__name__}")
             link = PipelineConnection(raw, self._stats)
             try:
                 return await self._transact(link, call)
