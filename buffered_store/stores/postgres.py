@@ -470,7 +470,7 @@ class PostgresThreadRunStore(PostgresReads):
                 raise
             call.rejected[index] = (plan.rejected_outcome(call, writing, index, error), 0)
             return _Rerun.ISOLATED
-        settled = plan.settle(call, writing, results)
+        settled = plan.settle(writing, results)
         if not writing.commit:
             if settled.refused:
                 left_out = plan.to_leave_out(settled.refused)

@@ -39,6 +39,9 @@ from buffered_store.threadrun.checkpointing import run_owned_elsewhere
 from buffered_store.threadrun.entry import WalEntry
 
 __all__ = [
+    "BEGIN",
+    "COMMIT",
+    "ROLLBACK",
     "ApplyCall",
     "Done",
     "Opening",
@@ -217,8 +220,6 @@ class Writing:
     decided: Done = field(default_factory=dict)
     """Outcomes known from the plan alone (stale, gap, failed in planning)."""
     writes: dict[int, Planned] = field(default_factory=dict)
-    created: set[str] = field(default_factory=set)
-    """Rows this transaction inserted."""
     commit: bool = True
     """Whether ``COMMIT`` ends the pipeline (else it is sent once the answers are read)."""
     vanished: bool = False
@@ -233,10 +234,11 @@ def writing(
     compiler: StatementCompiler,
 ) -> Writing:
     """Plan every active batch on its locked row and build the second pipeline."""
-    plan = Writing(created=created)
+    plan = Writing()
     current = dict(rows)  # the rows as this transaction leaves them so far
-    last_write: dict[str, int] = {}
-    for index in call.active():
+    active = call.active()
+    last_batch = {call.thread_of(index): index for index in active}
+    for index in active:
         entries = call.batches[index]
         thread_id = entries[0].thread_id
         row = current.get(thread_id)
@@ -246,7 +248,7 @@ def writing(
             plan.decided[index] = (planned, 0)
             continue
         if row is None:
-            return Writing(decided=plan.decided, created=created, vanished=True)
+            return Writing(decided=plan.decided, vanished=True)
         write = planned.write
         if write.reset:
             plan.steps.append(
@@ -255,15 +257,15 @@ def writing(
         plan.writes[index] = Planned(len(plan.steps), planned, base)
         plan.steps.append(_step(compiler, write.statement, write.params, batch=index))
         current[thread_id] = planned.after
-        last_write[thread_id] = index
     written = {call.thread_of(index) for index in plan.writes}
     for thread_id in sorted(created - written):
         plan.steps.append(_step(compiler, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id)))
     # Under the lock only a run owned by another thread makes a gate refuse; a refusal
-    # must not commit a reset without its write, nor a later write planned on it.
+    # must not commit a reset without its write, nor an outcome of a later batch of the
+    # same thread planned on it.
     plan.commit = not any(
         planned.batch.write.run_ids
-        and (planned.batch.write.reset or last_write[call.thread_of(index)] != index)
+        and (planned.batch.write.reset or last_batch[call.thread_of(index)] != index)
         for index, planned in plan.writes.items()
     )
     if plan.commit:
@@ -282,7 +284,7 @@ class Settled:
     """Message and run rows written by the applied batches."""
 
 
-def settle(call: ApplyCall, plan: Writing, results: Sequence[StepResult]) -> Settled:
+def settle(plan: Writing, results: Sequence[StepResult]) -> Settled:
     """Which gated writes wrote (their gate returned the new watermark) and which were
     refused."""
     settled = Settled()

@@ -168,7 +168,7 @@ def test_writing_plans_each_thread_on_its_locked_row_and_commits() -> None:
         (None, True),
     ]
     assert [writing.writes[i].at for i in (2, 0)] == [0, 1]
-    settled = plan.settle(call, writing, [plan.StepResult(1, [])] * 3)
+    settled = plan.settle(writing, [plan.StepResult(1, [])] * 3)
     assert settled.applied == {
         2: (ApplyOutcome("a", ApplyStatus.APPLIED, 2), 2),
         0: (ApplyOutcome("c", ApplyStatus.APPLIED, 1), 1),
@@ -201,6 +201,16 @@ def test_a_thread_given_twice_plans_its_second_batch_on_the_first() -> None:
     assert writing.steps[-1].sql != b"COMMIT"
 
 
+def test_a_later_batch_decided_on_a_write_that_claims_runs_waits_for_its_answer() -> None:
+    chain = Chain("t")
+    first = [chain.checkpoint(1), chain.checkpoint(2)]
+    call = call_of(first, first[1:])
+    writing = plan.writing(call, {"t": ThreadRow("t", 0, 0, None)}, {"t"}, COMPILER)
+    # Stale only if the first write is not refused.
+    assert writing.decided == {1: (ApplyOutcome("t", ApplyStatus.STALE, 2), 0)}
+    assert not writing.commit
+
+
 def test_a_reset_that_claims_runs_is_not_committed_blindly() -> None:
     chain = Chain("t")
     chain.checkpoint(2)
@@ -226,7 +236,7 @@ def test_refused_writes_name_the_owner_after_the_commit() -> None:
     assert writing.commit
     # "other" sorts first: its write is the first step; the thief's gate refuses.
     results = [plan.StepResult(1, []), plan.StepResult(0, []), plan.StepResult(0, [])]
-    settled = plan.settle(call, writing, results)
+    settled = plan.settle(writing, results)
     assert list(settled.applied) == [1]
     assert settled.refused == [plan.Refusal(0, "thief", 0, ("shared",))]
     steps = plan.after_commit(settled.refused, {"thief", "other"}, COMPILER)
