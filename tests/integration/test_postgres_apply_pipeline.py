@@ -23,6 +23,7 @@ from buffered_store.engine import ids
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import MAX_ID_BYTES, utcnow
 from buffered_store.stores import migrate as migrations
+from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres import PostgresThreadRunStore
@@ -289,6 +290,29 @@ async def test_a_serialization_failure_runs_the_transaction_again(
         # ROLLBACK rides in the second run's first pipeline: two round trips a run.
         assert delta(store, before, "conflict_retries", "round_trips", "transactions") == [1, 4, 1]
         assert await store.load_messages("t") == msgs(2)
+
+
+async def test_a_row_vanished_before_the_lock_runs_the_transaction_again(
+    open_postgres: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another flusher may remove a row it created empty between this call's insert (which
+    found the row) and its lock (which does not): the call runs again, like a deadlock
+    victim. The lock's answer is doctored to say so."""
+    store = await open_postgres()
+    real = plan.locked_rows
+    runs = 0
+
+    def without_rows(*args: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return {} if runs == 1 else real(*args)
+
+    monkeypatch.setattr(plan, "locked_rows", without_rows)
+    before = store.stats()
+    [outcome] = await store.apply([[Chain("t").checkpoint(msgs(1))]])
+    assert outcome.status is ApplyStatus.APPLIED
+    assert delta(store, before, "conflict_retries", "round_trips", "transactions") == [1, 3, 1]
+    assert await store.load_messages("t") == msgs(1)
 
 
 async def _wait_until_waiting_for_a_lock(database_url: str, app: str) -> None:
