@@ -7,11 +7,15 @@ about `--size` bytes and bumps the thread's run) and applies them all in one `ap
 call, as the flusher does. It reports client CPU (`time.process_time`) per entry and per
 message row (and, apart, the CPU of decoding the fetched messages' subjects and payloads,
 `flusher.policy.classify`), which stays meaningful on a busy shared machine where wall
-time does not.
+time does not. After the measured applies, `--trace-cycles` more are traced on the wire
+(`wire.RoundTrips`): round trips per apply, counted without the store's help. With
+`--delay-ms`, Postgres sits behind the delaying proxy (`proxy`, that many ms each way),
+so the wall time per apply shows what its round trips cost over a real link.
 
     .venv/bin/python -m buffered_store.benchmarks.profile_apply               # own Postgres
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test \\
         .venv/bin/python -m buffered_store.benchmarks.profile_apply --profile apply.pstats
+    .venv/bin/python -m buffered_store.benchmarks.profile_apply --delay-ms 1 --cycles 10
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import psycopg
+from sqlalchemy.engine import make_url
 
 from buffered_store.dev.services import PostgresServer
 from buffered_store.engine.flushing import ApplyStatus
@@ -38,6 +43,8 @@ from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
 from buffered_store.threadrun.records import Message, RunRecord, Thread
 from flusher.policy import classify
 
+from .proxy import ProxyProcess, start_proxy
+from .wire import RoundTrips
 from .workload import message
 
 STREAM = "THREADLOG"
@@ -112,8 +119,32 @@ async def run_cycles(
     return decode, cpu, wall, applied
 
 
+async def traced_round_trips(
+    store: PostgresThreadRunStore, writers: list[Writer], args: argparse.Namespace
+) -> float:
+    """Round trips per apply on the wire, over `--trace-cycles` more (unmeasured) applies."""
+    if args.trace_cycles <= 0:
+        return float("nan")
+    counter = RoundTrips()
+    try:
+        with counter:
+            await run_cycles(store, writers, args.trace_cycles, args, None)
+        return counter.total / int(args.trace_cycles)
+    finally:
+        counter.close()
+
+
+async def behind_proxy(url: str, delay_ms: float) -> tuple[str, ProxyProcess]:
+    """`url` rewritten to reach its server through a delaying proxy, and the proxy."""
+    parsed = make_url(url)
+    proxy = await start_proxy(
+        parsed.host or "127.0.0.1", parsed.port or 5432, delay_ms=delay_ms, max_seconds=3600
+    )
+    return parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(False), proxy
+
+
 async def main(args: argparse.Namespace) -> None:
-    """Warm-up cycles (new threads, prepared statements), then the measured ones."""
+    """Warm-up cycles (new threads, prepared statements), the measured ones, the traced."""
     url = args.database_url or os.environ.get("DATABASE_URL")
     server = None
     if url is None:
@@ -122,16 +153,23 @@ async def main(args: argparse.Namespace) -> None:
         url = server.url
     schema = f"probe_{uuid.uuid4().hex[:10]}"
     profiler = cProfile.Profile() if args.profile else None
+    proxy = None
     try:
-        store = await PostgresThreadRunStore.connect(url, schema=schema, migrate=True)
+        store_url = url
+        if args.delay_ms > 0:
+            store_url, proxy = await behind_proxy(url, args.delay_ms)
+        store = await PostgresThreadRunStore.connect(store_url, schema=schema, migrate=True)
         try:
             writers = [Writer(i, f"probe-{i}") for i in range(args.threads)]
             await run_cycles(store, writers, args.warmup, args, None)
             measured = await run_cycles(store, writers, args.cycles, args, profiler)
             decode, cpu, wall, applied = measured
+            round_trips = await traced_round_trips(store, writers, args)
         finally:
             await store.close()
     finally:
+        if proxy is not None:
+            await proxy.stop()
         async with await psycopg.AsyncConnection.connect(
             to_libpq_url(url), autocommit=True
         ) as conn:
@@ -148,6 +186,8 @@ async def main(args: argparse.Namespace) -> None:
         f"wall {wall * 1e3 / args.cycles:.1f} ms/apply"
     )
     print(f"decode (subject and payload) cpu {decode * 1e6 / applied:.1f} µs/entry")
+    delay = f" (Postgres behind a {args.delay_ms:g} ms each way proxy)" if proxy else ""
+    print(f"round trips {round_trips:.1f}/apply on the wire{delay}")
     if profiler is not None:
         profiler.dump_stats(args.profile)
         print(f"profile written to {args.profile}")
@@ -168,6 +208,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="applies not measured")
     p.add_argument("--cycles", type=int, default=40, help="applies measured")
     p.add_argument("--profile", help="write a cProfile of the measured applies to this file")
+    p.add_argument(
+        "--trace-cycles", type=int, default=3, help="applies traced to count round trips"
+    )
+    p.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0.0,
+        help="put Postgres behind the delaying proxy, this many ms each way (0: direct)",
+    )
     return p.parse_args(argv)
 
 

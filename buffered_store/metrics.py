@@ -267,6 +267,11 @@ INNER = Family(
     series=(
         _c("transactions", "inner_transactions", "Postgres write transactions committed."),
         _c("statements", "inner_statements", "Postgres statements executed."),
+        _c(
+            "round_trips",
+            "inner_round_trips",
+            "Round trips to Postgres (an apply call: two in the steady state).",
+        ),
         _c("checkpoints", "inner_checkpoints", "Direct checkpoint calls (no buffering)."),
         _c("apply_calls", "inner_apply_calls", "Flush batches applied (one transaction each)."),
         _c(

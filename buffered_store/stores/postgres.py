@@ -13,17 +13,19 @@ reads and plumbing in `postgres_reads`; this module decides what to execute):
   and the checkpoint falls back to the locking path.
 - Locking path: BEGIN, ``SELECT ... FOR UPDATE`` (plus an insert for a new thread), a read
   of the stored snapshot when this process does not have it, the gated write, COMMIT.
-- `apply()`: one transaction for the whole call; one statement creates the rows of the
-  threads the call may create (skipped when none), one locks every thread row of the call
-  (the watermark gate, ``thread_id = ANY(...)``), then one write per thread. A deadlock
-  or serialization failure runs the transaction again (`retry_in_place`).
+- `apply()`: one transaction for the whole call in two round trips, whatever the number
+  of threads, on the pooled psycopg connection in pipeline mode (`postgres_apply` plans,
+  `postgres_pipeline` sends): BEGIN, the insert of the rows of new threads (when any) and
+  the lock of every thread row of the call (the watermark gate, ``thread_id = ANY(...)``);
+  then, planned on the locked rows, every thread's gated write and COMMIT. A deadlock or
+  serialization failure runs the transaction again (`retry_in_place`); a thread whose
+  data the database rejects fails alone, and the transaction runs again without it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
+import enum
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,16 +34,19 @@ from types import TracebackType
 from typing import Any
 
 import orjson
-from sqlalchemy import exc as sa_exc
+import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
-from buffered_store.errors import RunOwnershipError, StoreError
+from buffered_store.errors import ConfigError, ConflictError, StoreError
 from buffered_store.stores import migrate as migrations
+from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres_compiled import StatementCompiler
 from buffered_store.stores.postgres_errors import DbFailure, retry_in_place, sqlstate_of
+from buffered_store.stores.postgres_pipeline import PipelineConnection
 from buffered_store.stores.postgres_reads import PostgresReads, failure_of
 from buffered_store.threadrun.checkpointing import (
     CheckpointInput,
@@ -59,13 +64,6 @@ __all__ = ["PostgresThreadRunStore"]
 _APPLY_ATTEMPTS = 5
 """Runs of one `apply()` transaction that a deadlock or serialization failure may take
 (`retry_in_place`); the last failure is raised as `ConflictError`."""
-
-
-def _is_data_error(error: BaseException) -> bool:
-    """Whether the database rejected the data of the statement (by SQLSTATE, so also an
-    index row too large, which psycopg raises as an OperationalError): inside `apply()`
-    that thread FAILS, not retriable, and the others go on."""
-    return isinstance(error, sa_exc.DBAPIError) and failure_of(error) is DbFailure.DATA
 
 
 def _json_dumps(value: Any) -> str:
@@ -131,6 +129,7 @@ class PostgresThreadRunStore(PostgresReads):
         super().__init__(engine, schema=schema)
         self._clock = clock or utcnow
         self._cache = _SnapshotCache(cache_threads)
+        self._compiler = StatementCompiler(engine.dialect, schema)
 
     @classmethod
     async def connect(
@@ -372,13 +371,16 @@ class PostgresThreadRunStore(PostgresReads):
     # -- FlushTarget: apply ----------------------------------------------------------
 
     async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
-        """Apply each thread's entries with its watermark, in one transaction.
+        """Apply each thread's entries with its watermark: one transaction in two round
+        trips to Postgres, whatever the number of threads (see `postgres_apply`).
 
-        Missing thread rows are created, then all rows locked, in sorted id order, so
-        concurrent flushers cannot deadlock; should the database still abort the
-        transaction as a deadlock victim, it runs again (up to `_APPLY_ATTEMPTS` runs).
-        A thread whose data the database rejects is rolled back alone and reported
-        FAILED; losing the database raises `DatabaseUnavailableError` (nothing committed).
+        The first round trip creates the rows of new threads, then locks every thread row
+        of the call, both in sorted id order, so concurrent flushers cannot deadlock;
+        should the database still abort the transaction as a deadlock victim (or with a
+        serialization failure), it runs again (up to `_APPLY_ATTEMPTS` runs). The second
+        writes every thread planned on its locked row, and commits. A thread whose data
+        the database rejects is reported FAILED and the transaction runs again without
+        it; losing the database raises `DatabaseUnavailableError` (nothing committed).
         """
         self._check_open()
         outcomes: list[ApplyOutcome | None] = [None] * len(batches)
@@ -393,15 +395,7 @@ class PostgresThreadRunStore(PostgresReads):
         order.sort(key=lambda index: batches[index][0].thread_id)
         self._stats["apply_calls"] += 1
         with self._guard():
-            for attempt in itertools.count(1):
-                try:
-                    done = await self._apply_isolating(batches, order)
-                    break
-                except sa_exc.DBAPIError as error:
-                    code = sqlstate_of(error)
-                    if not retry_in_place(code, attempt, attempts=_APPLY_ATTEMPTS):
-                        raise
-                    self._stats["conflict_retries"] += 1
+            done = await self._apply_call(plan.ApplyCall(batches, order))
         for index, (outcome, entries) in done.items():
             outcomes[index] = outcome
             self._count(outcome, entries)
@@ -416,130 +410,106 @@ class PostgresThreadRunStore(PostgresReads):
             key = {"stale": "stale", "gap": "gaps", "failed": "failed"}[outcome.status.value]
             self._stats[key] += 1
 
-    async def _apply_isolating(
-        self, batches: Sequence[Sequence[WalEntry]], order: list[int]
-    ) -> dict[int, tuple[ApplyOutcome, int]]:
-        try:
-            return await self._apply_all(batches, order, savepoints=False)
-        except sa_exc.DBAPIError as error:
-            if not _is_data_error(error):
+    async def _apply_call(self, call: plan.ApplyCall) -> plan.Done:
+        # psycopg's pipeline mode on the pooled connection: SQLAlchemy does not offer it.
+        async with self._auto.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            if not isinstance(raw, psycopg.AsyncConnection):
+                raise ConfigError(f"apply() needs the psycopg 3 driver, not {type(raw).__name__}")
+            link = PipelineConnection(raw, self._stats)
+            try:
+                return await self._transact(link, call)
+            except BaseException as error:
+                # The connection goes back to the pool clean (rolled back), or not at all:
+                # after a cancellation it may be in the middle of a pipeline.
+                if not isinstance(error, Exception) or not await link.release():
+                    await conn.invalidate()
                 raise
-            # Savepoints cost two round trips per thread, so they are only paid for
-            # once a thread's data was rejected: redo the call isolating each thread.
-            return await self._apply_all(batches, order, savepoints=True)
 
-    async def _apply_all(
-        self, batches: Sequence[Sequence[WalEntry]], order: list[int], *, savepoints: bool
-    ) -> dict[int, tuple[ApplyOutcome, int]]:
-        done: dict[int, tuple[ApplyOutcome, int]] = {}
-        async with self._transaction() as conn:
-            # Rows first, then locks, each in code point order: see `sql.CREATE_THREADS`.
-            created = await self._create_missing(conn, [batches[index] for index in order])
-            rows = await self._lock_many(conn, [batches[index][0].thread_id for index in order])
-            for index in order:
-                done[index] = await self._apply_thread(
-                    conn, batches[index], savepoints, rows, created
-                )
+    async def _transact(self, link: PipelineConnection, call: plan.ApplyCall) -> plan.Done:
+        """Run the call's transaction until it commits: again after a deadlock or a
+        serialization failure (`retry_in_place`), and again without a batch the database
+        rejected or refused."""
+        conflicts = 0
+        while True:
+            try:
+                result = await self._attempt(link, call)
+            except psycopg.Error as error:
+                conflicts += 1
+                if not retry_in_place(sqlstate_of(error), conflicts, attempts=_APPLY_ATTEMPTS):
+                    raise
+                self._stats["conflict_retries"] += 1
+                continue
+            if result is _Rerun.CONFLICT:
+                conflicts += 1
+                if conflicts >= _APPLY_ATTEMPTS:
+                    raise ConflictError("thread rows kept vanishing between insert and lock")
+                self._stats["conflict_retries"] += 1
+            elif result is not _Rerun.ISOLATED:
+                return result
+
+    async def _attempt(self, link: PipelineConnection, call: plan.ApplyCall) -> plan.Done | _Rerun:
+        """One run of the transaction. A run that does not commit leaves its transaction
+        open (or aborted): the next run's first pipeline starts with its ``ROLLBACK``."""
+        opening = plan.opening(call, self._compiler, rollback=link.in_transaction)
+        if opening is None:  # no batch left names a valid thread: nothing to write
+            if link.in_transaction:
+                await link.execute(plan.ROLLBACK)
+            decided = plan.writing(call, {}, set(), self._compiler).decided
+            return await self._after_commit(link, call, decided, plan.Settled(), set())
+        results = await link.send(opening.steps)
+        created = plan.created_ids(opening, results)
+        writing = plan.writing(call, plan.locked_rows(opening, results), created, self._compiler)
+        if writing.vanished:
+            return _Rerun.CONFLICT
+        try:
+            results = await link.send(writing.steps)
+        except psycopg.Error as error:
+            index = link.failed_batch()
+            if index is None or failure_of(error) is not DbFailure.DATA:
+                raise
+            call.rejected[index] = (plan.rejected_outcome(call, writing, index, error), 0)
+            return _Rerun.ISOLATED
+        settled = plan.settle(writing, results)
+        if not writing.commit:
+            if settled.refused:
+                left_out = plan.to_leave_out(settled.refused)
+                call.refused.update((refusal.index, refusal) for refusal in left_out)
+                return _Rerun.ISOLATED
+            await link.execute(plan.COMMIT)
+        self._stats["transactions"] += 1
+        self._stats["messages_written"] += settled.messages
+        self._stats["runs_written"] += settled.runs
+        return await self._after_commit(link, call, writing.decided, settled, created)
+
+    async def _after_commit(
+        self,
+        link: PipelineConnection,
+        call: plan.ApplyCall,
+        decided: plan.Done,
+        settled: plan.Settled,
+        created: set[str],
+    ) -> plan.Done:
+        """Every batch's outcome. Refused batches (now or in a run rolled back) get the
+        owner of their run read, and the rows created for them removed while still
+        empty, in one more round trip in autocommit (an empty row reads as absent, so
+        another transaction seeing it in between sees no thread)."""
+        done = {**decided, **settled.applied, **call.rejected}
+        refusals = [*call.refused.values(), *settled.refused]
+        if refusals:
+            steps = plan.after_commit(refusals, created, self._compiler)
+            done.update(plan.refused_outcomes(refusals, await link.send(steps)))
         return done
 
-    async def _create_missing(
-        self, conn: AsyncConnection, batches: Sequence[Sequence[WalEntry]]
-    ) -> set[str]:
-        """Insert the rows of the threads that may be new, before any lock is taken;
-        returns the ids this transaction inserted (their rows are empty until written).
 
-        Only a batch holding its thread's first entry (seq 1) can create the thread: any
-        other batch of a thread without a row is a gap, which writes nothing. Once the
-        threads exist, a call inserts nothing and this costs no round trip."""
-        ids: set[str] = set()
-        for batch in batches:
-            if any(entry.seq == 1 for entry in batch):
-                with contextlib.suppress(StoreError):
-                    ids.add(codec.check_key(batch[0].thread_id, "thread_id"))
-        if not ids:
-            return set()
-        # Python orders str by code point, as the "C" collation orders UTF-8.
-        params = sql.bind(thread_ids=sorted(ids))
-        return set((await self._execute(conn, sql.CREATE_THREADS, params)).scalars())
+class _Rerun(enum.Enum):
+    """Why `_attempt` did not commit: the transaction runs again."""
 
-    async def _drop_created(self, conn: AsyncConnection, thread_id: str, created: set[str]) -> None:
-        """Remove the empty row inserted for a thread whose batch was then not written."""
-        if thread_id in created:
-            created.discard(thread_id)
-            await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
-
-    async def _lock_many(
-        self, conn: AsyncConnection, thread_ids: Sequence[str]
-    ) -> dict[str, codec.ThreadRow | None]:
-        """Lock the rows of the threads that exist, in one statement; None for the others
-        (invalid ids are left out: their batch fails on its own)."""
-        ids: list[str] = []
-        for thread_id in dict.fromkeys(thread_ids):
-            with contextlib.suppress(StoreError):
-                ids.append(codec.check_key(thread_id, "thread_id"))
-        if not ids:
-            return {}
-        result = await self._execute(conn, sql.LOCK_THREADS, sql.bind(thread_ids=ids))
-        rows: dict[str, codec.ThreadRow | None] = dict.fromkeys(ids)
-        for row in result.all():
-            locked = codec.thread_row(row)
-            rows[locked.thread_id] = locked
-        return rows
-
-    async def _apply_thread(
-        self,
-        conn: AsyncConnection,
-        entries: Sequence[WalEntry],
-        savepoints: bool,
-        locked: dict[str, codec.ThreadRow | None],
-        created: set[str],
-    ) -> tuple[ApplyOutcome, int]:
-        thread_id = entries[0].thread_id
-        try:
-            codec.check_key(thread_id, "thread_id")
-        except StoreError as error:
-            return codec.failed(thread_id, 0, error), 0
-        # The row as `_lock_many` locked it; a thread given twice in one call is read
-        # again the second time (the first batch may have moved it).
-        if thread_id in locked:
-            row = locked.pop(thread_id)
-        else:
-            row = await self._lock_existing(conn, thread_id)
-        # Plan against "absent" before inserting a row for a new thread, so a batch that
-        # is not applied never leaves an empty row behind (a row `_create_missing`
-        # inserted is as empty as an absent one, and is dropped again).
-        base = row or codec.ThreadRow(thread_id, 0, 0, None)
-        planned = codec.plan_batch(entries, base)
-        if isinstance(planned, ApplyOutcome):
-            await self._drop_created(conn, thread_id, created)
-            return planned, 0
-        isolate = conn.begin_nested() if savepoints else contextlib.nullcontext()
-        inserted = False
-        try:
-            async with isolate:
-                if row is None:
-                    # Normally only a thread given twice in one call, whose first batch did not
-                    # create it, gets here: its row is inserted after other locks.
-                    row = await self._ensure(conn, thread_id)
-                    inserted = row.flushed_seq == 0
-                    if row.flushed_seq != 0:  # another flusher created it meanwhile
-                        planned = codec.plan_batch(entries, row)
-                        if isinstance(planned, ApplyOutcome):
-                            return planned, 0
-                await self._write_locked(conn, planned.write)
-        except sa_exc.DBAPIError as error:
-            if not savepoints or not _is_data_error(error):
-                raise
-            # The savepoint undid the write; a row inserted before it has to go.
-            await self._drop_created(conn, thread_id, created)
-            return codec.failed(thread_id, base.flushed_seq, error), 0
-        except RunOwnershipError as error:
-            # The gate wrote nothing; only the empty row inserted above has to go.
-            if inserted:
-                await self._execute(conn, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id))
-            await self._drop_created(conn, thread_id, created)
-            return codec.failed(thread_id, base.flushed_seq, error), 0
-        return ApplyOutcome(thread_id, ApplyStatus.APPLIED, planned.last_seq), planned.entries
+    ISOLATED = "isolated"
+    """A batch was rejected or refused: it is left out of the next run."""
+    CONFLICT = "conflict"
+    """A thread row to write vanished (another flusher removed it as empty): like a
+    deadlock victim, the next run sees the current rows."""
 
 
 def _snapshot_after(

@@ -88,8 +88,9 @@ class ThreadRow:
     """None for a tombstone (deleted thread)."""
 
 
-def thread_row(row: Row[Any]) -> ThreadRow:
-    """Convert a row selected with `THREAD_COLUMNS`."""
+def thread_row(row: Row[Any] | Any) -> ThreadRow:
+    """Convert a row selected with `THREAD_COLUMNS` (a SQLAlchemy row, or a psycopg
+    named tuple from `apply()`'s pipeline)."""
     live = row.deleted_at is None and row.created_at is not None
     thread = (
         Thread(
@@ -197,6 +198,9 @@ class PlannedBatch:
     write: Write
     last_seq: int
     entries: int
+    after: ThreadRow
+    """The thread's row once the write is applied (a thread given twice in one call
+    plans its second batch on it)."""
 
 
 def plan_batch(entries: Sequence[WalEntry], row: ThreadRow) -> PlannedBatch | ApplyOutcome:
@@ -224,7 +228,9 @@ def plan_batch(entries: Sequence[WalEntry], row: ThreadRow) -> PlannedBatch | Ap
         )
     except (StoreError, ValueError, TypeError) as exc:
         return failed(tid, watermark, exc)
-    return PlannedBatch(write, change.last_seq, len(plan.entries))
+    live = change.thread is not None
+    after = ThreadRow(tid, change.last_seq, change.message_count if live else 0, change.thread)
+    return PlannedBatch(write, change.last_seq, len(plan.entries), after)
 
 
 def failed(thread_id: str, watermark: int, exc: BaseException) -> ApplyOutcome:

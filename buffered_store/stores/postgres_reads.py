@@ -88,6 +88,7 @@ class PostgresReads:
             (
                 "transactions",
                 "statements",
+                "round_trips",
                 "checkpoints",
                 "fast_checkpoints",
                 "snapshot_reads",
@@ -106,10 +107,13 @@ class PostgresReads:
         )
 
     def stats(self) -> dict[str, int]:
-        """Counters since `connect`: transactions and statements executed, checkpoints
-        (``fast_checkpoints``: one-statement ones), ``snapshot_reads`` (cache misses),
-        apply calls and their outcomes (``conflict_retries``: transactions run again after
-        a deadlock or serialization failure), message and run rows written."""
+        """Counters since `connect`: transactions committed and statements executed,
+        ``round_trips`` to Postgres (a statement on its own, and the BEGIN and the COMMIT
+        of a transaction, one each; a pipeline of `apply()`, however many statements it
+        holds, one), checkpoints (``fast_checkpoints``: one-statement ones),
+        ``snapshot_reads`` (cache misses), apply calls and their outcomes
+        (``conflict_retries``: transactions run again after a deadlock or serialization
+        failure), message and run rows written."""
         return dict(self._stats)
 
     async def close(self) -> None:
@@ -152,14 +156,20 @@ class PostgresReads:
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncConnection]:
-        async with self._tx.begin() as conn:
-            yield conn
+        try:
+            async with self._tx.begin() as conn:
+                yield conn
+        finally:
+            # psycopg sends BEGIN on its own before the first statement, then COMMIT (or
+            # ROLLBACK): a round trip each.
+            self._stats["round_trips"] += 2
         self._stats["transactions"] += 1
 
     async def _execute(
         self, conn: AsyncConnection, statement: Any, params: Mapping[str, Any] | None = None
     ) -> Any:
         self._stats["statements"] += 1
+        self._stats["round_trips"] += 1
         return await conn.execute(statement, dict(params or {}))
 
     async def _read(self, statement: Any, params: Mapping[str, Any]) -> list[Any]:

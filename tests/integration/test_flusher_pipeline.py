@@ -16,6 +16,7 @@ from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
 from buffered_store.nats import NatsWal
 from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.stores.postgres_pipeline import PipelineConnection
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import WalEntry
@@ -182,13 +183,21 @@ def _chain(thread_id: str, steps: int) -> list[WalEntry]:
 
 
 @pytest.fixture
-def statements(pg_inner: Any) -> Iterator[list[str]]:
-    """The SQL text of every statement the store executes from now on."""
+def statements(pg_inner: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The SQL text of every statement the store executes from now on: through
+    SQLAlchemy, and in the psycopg pipelines of `apply()`."""
     seen: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement)
 
+    real_send = PipelineConnection.send
+
+    async def send(self: PipelineConnection, steps: Sequence[Any]) -> Any:
+        seen.extend(step.sql.decode() for step in steps)
+        return await real_send(self, steps)
+
+    monkeypatch.setattr(PipelineConnection, "send", send)
     engine = pg_inner._engine.sync_engine
     event.listen(engine, "before_cursor_execute", record)
     yield seen
@@ -202,8 +211,10 @@ async def test_apply_gates_every_thread_with_one_lock_statement(
     first = await pg_inner.apply([c[:1] for c in chains.values()])
     assert {o.status for o in first} == {ApplyStatus.APPLIED}
     statements.clear()
+    round_trips = pg_inner.stats()["round_trips"]
     outcomes = await pg_inner.apply([c[1:] for c in chains.values()])
     assert [(o.status, o.flushed_seq) for o in outcomes] == [(ApplyStatus.APPLIED, 3)] * 6
+    assert pg_inner.stats()["round_trips"] - round_trips == 2
     locks = [s for s in statements if "FOR UPDATE" in s and "WITH" not in s]
     assert len(locks) == 1
     assert "ANY" in locks[0]

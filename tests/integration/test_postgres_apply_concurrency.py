@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import exc as sa_exc
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import ConflictError
@@ -100,8 +99,8 @@ async def test_concurrent_applies_on_new_threads_never_conflict(
         assert latest.run_id == f"{thread_id}-run2"
 
 
-def _deadlock() -> sa_exc.OperationalError:
-    return sa_exc.OperationalError("SELECT ...", None, psycopg.errors.DeadlockDetected("deadlock"))
+def _deadlock() -> psycopg.Error:
+    return psycopg.errors.DeadlockDetected("deadlock detected")
 
 
 async def test_a_deadlock_victim_runs_again(
@@ -109,7 +108,7 @@ async def test_a_deadlock_victim_runs_again(
 ) -> None:
     store = await open_postgres()
     assert isinstance(store, PostgresThreadRunStore)
-    real = store._apply_all
+    real = store._attempt
     failures = iter([_deadlock(), _deadlock()])
 
     async def victim(*args: Any, **kwargs: Any) -> Any:
@@ -118,7 +117,7 @@ async def test_a_deadlock_victim_runs_again(
             raise failure
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_apply_all", victim)
+    monkeypatch.setattr(store, "_attempt", victim)
     chain = Chain("t")
     outcomes = await store.apply([[chain.checkpoint(msgs(1))]])
     assert [o.status for o in outcomes] == [ApplyStatus.APPLIED]
@@ -138,7 +137,7 @@ async def test_a_deadlock_on_every_run_raises_conflict(
         runs += 1
         raise _deadlock()
 
-    monkeypatch.setattr(store, "_apply_all", victim)
+    monkeypatch.setattr(store, "_attempt", victim)
     with pytest.raises(ConflictError):
         await store.apply([[Chain("t").checkpoint(msgs(1))]])
     assert runs > 1

@@ -1,0 +1,369 @@
+"""The plan of one `PostgresThreadRunStore.apply()` call: what it sends and what the
+answers mean. Pure: no I/O (`PostgresThreadRunStore` awaits, `postgres_pipeline` sends).
+
+A call is one transaction in two round trips (two psycopg pipelines), whatever the
+number of threads:
+
+1. `opening`: ``BEGIN``, the insert of the missing rows of the threads the call may
+   create (only when some batch holds a thread's first entry) and the lock of every
+   thread row of the call: rows created before any lock is taken, both in code point
+   order, so concurrent flushers take row locks in one global order.
+2. `writing`, planned on the locked rows (`postgres_codec.plan_batch`): per thread, in the
+   same order, the reset of a thread re-created after a delete and its gated write; the
+   removal of the rows created for threads that are then not written (an empty row reads
+   as absent, this only tidies up); ``COMMIT``.
+
+A statement the database rejects aborts the pipeline; `Step.batch` names the batch whose
+data it was, and the transaction runs again without that batch (`ApplyCall.rejected`).
+A gated write that writes nothing under the lock means another thread owns one of its
+runs: the batch fails, and `after_commit` reads the owner for the error. When such a
+refusal would leave something behind (the reset of the thread's rows, or a later batch
+of the same thread planned on top of the refused write), `writing` leaves ``COMMIT`` out
+of the pipeline, so the transaction can be rolled back and run again without the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.sql import ClauseElement
+
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.errors import StoreError
+from buffered_store.stores import postgres_codec as codec
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres_compiled import StatementCompiler
+from buffered_store.threadrun.checkpointing import run_owned_elsewhere
+from buffered_store.threadrun.entry import WalEntry
+
+__all__ = [
+    "BEGIN",
+    "COMMIT",
+    "ROLLBACK",
+    "ApplyCall",
+    "Done",
+    "Opening",
+    "Planned",
+    "Refusal",
+    "Settled",
+    "Step",
+    "StepResult",
+    "Writing",
+    "after_commit",
+    "created_ids",
+    "locked_rows",
+    "opening",
+    "refused_outcomes",
+    "rejected_outcome",
+    "settle",
+    "to_leave_out",
+    "writing",
+]
+
+Done = dict[int, tuple[ApplyOutcome, int]]
+"""Outcomes by batch index, with the number of entries applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One statement of a pipeline."""
+
+    sql: bytes
+    params: Mapping[str, Any] | None = None
+    batch: int | None = None
+    """The batch whose data the statement writes (None: the transaction's own)."""
+    rows: bool = False
+    """Whether its rows are read."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a statement of a pipeline returned."""
+
+    rowcount: int
+    rows: list[Any]
+
+
+BEGIN = Step(b"BEGIN")
+COMMIT = Step(b"COMMIT")
+ROLLBACK = Step(b"ROLLBACK")
+
+
+def _step(
+    compiler: StatementCompiler,
+    statement: ClauseElement,
+    values: Mapping[str, Any],
+    *,
+    batch: int | None = None,
+    rows: bool = False,
+) -> Step:
+    text, params = compiler.query(statement, values)
+    return Step(text, params, batch, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A batch whose gated write was refused under the lock: one of its runs belongs to
+    another thread."""
+
+    index: int
+    thread_id: str
+    flushed_seq: int
+    run_ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class ApplyCall:
+    """One `apply()` call: its batches, and what its earlier transactions decided."""
+
+    batches: Sequence[Sequence[WalEntry]]
+    order: list[int]
+    """Indexes of the non-empty batches, in thread id order."""
+    rejected: Done = field(default_factory=dict)
+    """Batches whose data the database rejected (FAILED), left out of later runs."""
+    refused: dict[int, Refusal] = field(default_factory=dict)
+    """Batches refused in a run that was rolled back, left out of later runs."""
+
+    def active(self) -> list[int]:
+        """The batches the next transaction plans, in thread id order."""
+        return [i for i in self.order if i not in self.rejected and i not in self.refused]
+
+    def thread_of(self, index: int) -> str:
+        """The thread id of a batch."""
+        return self.batches[index][0].thread_id
+
+
+def _valid(thread_id: str) -> bool:
+    try:
+        codec.check_key(thread_id, "thread_id")
+    except StoreError:
+        return False  # its batch fails in planning, alone
+    return True
+
+
+# -- round trip 1 ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """The first pipeline: where its answers are."""
+
+    steps: list[Step]
+    lock_ids: list[str]
+    create_at: int | None
+    """Index of the step inserting missing rows (its rows: the ids inserted)."""
+    lock_at: int
+    """Index of the step locking the rows (its rows: the locked rows)."""
+
+
+def opening(call: ApplyCall, compiler: StatementCompiler, *, rollback: bool) -> Opening | None:
+    """``BEGIN``, create and lock (after a ``ROLLBACK`` of the previous run if asked);
+    None when no batch names a valid thread (all fail in planning, nothing to send)."""
+    active = call.active()
+    lock_ids = [t for t in dict.fromkeys(call.thread_of(i) for i in active) if _valid(t)]
+    if not lock_ids:
+        return None
+    # Only a batch holding its thread's first entry can create the thread: any other
+    # batch of a thread without a row is a gap, which writes nothing.
+    create_ids = [
+        thread_id
+        for thread_id in dict.fromkeys(
+            call.thread_of(i) for i in active if any(e.seq == 1 for e in call.batches[i])
+        )
+        if _valid(thread_id)
+    ]
+    steps = [ROLLBACK, BEGIN] if rollback else [BEGIN]
+    create_at = None
+    if create_ids:
+        # Sorted: Python orders str by code point, as the "C" collation orders UTF-8.
+        create_at = len(steps)
+        params = sql.bind(thread_ids=sorted(create_ids))
+        steps.append(_step(compiler, sql.CREATE_THREADS, params, rows=True))
+    lock_at = len(steps)
+    steps.append(_step(compiler, sql.LOCK_THREADS, sql.bind(thread_ids=lock_ids), rows=True))
+    return Opening(steps, lock_ids, create_at, lock_at)
+
+
+def locked_rows(opening: Opening, results: Sequence[StepResult]) -> dict[str, codec.ThreadRow]:
+    """The locked rows by thread id (threads without a row are missing)."""
+    return {row.thread_id: row for row in map(codec.thread_row, results[opening.lock_at].rows)}
+
+
+def created_ids(opening: Opening, results: Sequence[StepResult]) -> set[str]:
+    """Ids of the rows the first pipeline inserted (empty until written)."""
+    if opening.create_at is None:
+        return set()
+    return {row[0] for row in results[opening.create_at].rows}
+
+
+# -- round trip 2 ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A batch's write in the second pipeline."""
+
+    at: int
+    """Index of its gated write among the steps."""
+    batch: codec.PlannedBatch
+    base: codec.ThreadRow
+    """The row it was planned on."""
+
+
+@dataclass(slots=True)
+class Writing:
+    """The second pipeline and what is known without it."""
+
+    steps: list[Step] = field(default_factory=list)
+    decided: Done = field(default_factory=dict)
+    """Outcomes known from the plan alone (stale, gap, failed in planning)."""
+    writes: dict[int, Planned] = field(default_factory=dict)
+    commit: bool = True
+    """Whether ``COMMIT`` ends the pipeline (else it is sent once the answers are read)."""
+    vanished: bool = False
+    """A batch to write found no row (another flusher removed an empty one between the
+    insert and the lock): nothing is sent, the transaction runs again."""
+
+
+def writing(
+    call: ApplyCall,
+    rows: Mapping[str, codec.ThreadRow],
+    created: set[str],
+    compiler: StatementCompiler,
+) -> Writing:
+    """Plan every active batch on its locked row and build the second pipeline."""
+    plan = Writing()
+    current = dict(rows)  # the rows as this transaction leaves them so far
+    active = call.active()
+    last_batch = {call.thread_of(index): index for index in active}
+    for index in active:
+        entries = call.batches[index]
+        thread_id = entries[0].thread_id
+        row = current.get(thread_id)
+        base = row or codec.ThreadRow(thread_id, 0, 0, None)
+        planned = codec.plan_batch(entries, base)
+        if isinstance(planned, ApplyOutcome):
+            plan.decided[index] = (planned, 0)
+            continue
+        if row is None:
+            return Writing(decided=plan.decided, vanished=True)
+        write = planned.write
+        if write.reset:
+            plan.steps.append(
+                _step(compiler, sql.RESET_THREAD, sql.bind(thread_id=thread_id), batch=index)
+            )
+        plan.writes[index] = Planned(len(plan.steps), planned, base)
+        plan.steps.append(_step(compiler, write.statement, write.params, batch=index))
+        current[thread_id] = planned.after
+    written = {call.thread_of(index) for index in plan.writes}
+    for thread_id in sorted(created - written):
+        plan.steps.append(_step(compiler, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id)))
+    # Under the lock only a run owned by another thread makes a gate refuse; a refusal
+    # must not commit a reset without its write, nor an outcome of a later batch of the
+    # same thread planned on it.
+    plan.commit = not any(
+        planned.batch.write.run_ids
+        and (planned.batch.write.reset or last_batch[call.thread_of(index)] != index)
+        for index, planned in plan.writes.items()
+    )
+    if plan.commit:
+        plan.steps.append(COMMIT)
+    return plan
+
+
+@dataclass(slots=True)
+class Settled:
+    """The outcome of the second pipeline."""
+
+    applied: Done = field(default_factory=dict)
+    refused: list[Refusal] = field(default_factory=list)
+    messages: int = 0
+    runs: int = 0
+    """Message and run rows written by the applied batches."""
+
+
+def settle(plan: Writing, results: Sequence[StepResult]) -> Settled:
+    """Which gated writes wrote (their gate returned the new watermark) and which were
+    refused."""
+    settled = Settled()
+    for index, planned in plan.writes.items():
+        write = planned.batch.write
+        if results[planned.at].rowcount:
+            outcome = ApplyOutcome(write.thread_id, ApplyStatus.APPLIED, planned.batch.last_seq)
+            settled.applied[index] = (outcome, planned.batch.entries)
+            settled.messages += write.messages
+            settled.runs += write.runs
+        else:
+            settled.refused.append(
+                Refusal(index, write.thread_id, planned.base.flushed_seq, write.run_ids)
+            )
+    return settled
+
+
+def to_leave_out(refusals: Sequence[Refusal]) -> list[Refusal]:
+    """The refusals a rolled back run leaves out of the next: the first of each thread
+    (a later batch of the same thread was planned on the refused one, and is planned
+    again on the row as it is)."""
+    first: dict[str, Refusal] = {}
+    for refusal in refusals:
+        first.setdefault(refusal.thread_id, refusal)
+    return list(first.values())
+
+
+def rejected_outcome(
+    call: ApplyCall, plan: Writing, index: int, error: BaseException
+) -> ApplyOutcome:
+    """The outcome of a batch whose statement the database rejected."""
+    planned = plan.writes.get(index)
+    flushed_seq = planned.base.flushed_seq if planned is not None else 0
+    return codec.failed(call.thread_of(index), flushed_seq, error)
+
+
+# -- after the commit ----------------------------------------------------------------------
+
+
+def after_commit(
+    refusals: Sequence[Refusal], created: set[str], compiler: StatementCompiler
+) -> list[Step]:
+    """Read the owners of the refused batches' runs, and remove the rows created for
+    their threads (only if still empty: another flusher may have written them since)."""
+    steps = [
+        _step(
+            compiler,
+            sql.SELECT_RUN_OWNERS,
+            sql.bind(thread_id=refusal.thread_id, run_ids=list(refusal.run_ids)),
+            batch=refusal.index,
+            rows=True,
+        )
+        for refusal in refusals
+    ]
+    for thread_id in sorted({r.thread_id for r in refusals} & created):
+        steps.append(_step(compiler, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id)))
+    return steps
+
+
+def refused_outcomes(refusals: Sequence[Refusal], results: Sequence[StepResult]) -> Done:
+    """FAILED outcomes naming the owner of each refused batch's run (the owner lookups
+    are the first steps of `after_commit`)."""
+    done: Done = {}
+    for refusal, result in zip(refusals, results, strict=False):
+        error: StoreError
+        if result.rows:
+            owner = result.rows[0]
+            error = run_owned_elsewhere(owner.run_id, owner.thread_id, refusal.thread_id)
+            done[refusal.index] = (codec.failed(refusal.thread_id, refusal.flushed_seq, error), 0)
+        else:
+            # The owner changed again since (its thread deleted): the same entries may apply.
+            error = StoreError(
+                f"thread {refusal.thread_id!r}: a run it names belonged to another thread"
+            )
+            outcome = ApplyOutcome(
+                refusal.thread_id,
+                ApplyStatus.FAILED,
+                refusal.flushed_seq,
+                error=f"{type(error).__name__}: {error}",
+            )
+            done[refusal.index] = (outcome, 0)
+    return done
