@@ -11,6 +11,7 @@ import click
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.errors import StoreError
+from buffered_store.masking import mask_credentials
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,8 +58,9 @@ def require(value: str | None, what: str) -> str:
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine; our errors become a one-line message and exit status 1."""
+    """Run a coroutine; our errors become a one-line message (credentials masked) and
+    exit status 1."""
     try:
         return asyncio.run(main())
     except StoreError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        raise click.ClickException(f"{type(exc).__name__}: {mask_credentials(str(exc))}") from exc

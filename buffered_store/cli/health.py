@@ -24,6 +24,7 @@ import click
 
 from buffered_store.cli.common import database_url_option, nats_url_option, store_config
 from buffered_store.config import EngineConfig
+from buffered_store.masking import mask_url
 
 Status = Literal["ok", "fail", "skip"]
 T = TypeVar("T")
@@ -156,16 +157,17 @@ async def _wal_checks(
     timeout_s: float,
     scan_limit: int,
 ) -> tuple[list[Check], WalFigures | None]:
+    shown_url = mask_url(config.nats_url)
     try:
         figures = await _bounded(lambda: wal_figures(config, timeout_s, scan_limit), timeout_s)
     except Exception as exc:
         skipped = [Check(n, "skip", "not checked: NATS failed") for n in ("backlog", "lag")]
-        return [Check("nats", "fail", f"{config.nats_url}: {_describe(exc)}"), *skipped], None
+        return [Check("nats", "fail", f"{shown_url}: {_describe(exc)}"), *skipped], None
     checks = [
         Check(
             "nats",
             "ok",
-            f"{config.nats_url}: consumer {config.consumer_name!r} on {config.stream_name!r}",
+            f"{shown_url}: consumer {config.consumer_name!r} on {config.stream_name!r}",
         ),
         threshold_check("backlog", figures.backlog, max_backlog, "entries"),
         threshold_check("lag", round(figures.lag_s, 3), max_lag_s, "s"),
