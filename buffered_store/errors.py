@@ -71,6 +71,13 @@ class WalUnavailableError(BackendUnavailableError):
     """NATS JetStream could not be reached or did not answer in time."""
 
 
+class WalAccessDeniedError(WalUnavailableError):
+    """NATS refused this client: wrong credentials, or a TLS certificate that does not
+    verify. Retrying cannot help; fix the configuration."""
+
+    retriable = False
+
+
 class DatabaseUnavailableError(BackendUnavailableError):
     """The database could not be reached or did not answer in time."""
 
