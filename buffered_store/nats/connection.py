@@ -28,6 +28,8 @@ from buffered_store.nats.connect_policy import ConnectBackoff, Failure, classify
 log = logging.getLogger("buffered_store.nats.wal")
 
 Reconnect = Literal["forever", "never", "probe"]
+DISCARD_TIMEOUT_S = 0.5
+"""Longest wait for the close of a client whose connection attempt failed."""
 RECONNECT_WAIT_S = 0.2
 """Wait between reconnection attempts to one server after a lost connection."""
 
@@ -146,8 +148,7 @@ async def open_client(
                 await nc.connect(**options, connect_timeout=step_s)  # type: ignore[arg-type]
             break
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await _discard(nc)
             if not isinstance(exc, Exception):
                 raise  # cancelled (the caller gave up, e.g. on SIGTERM)
             failure = classify(exc)
@@ -184,6 +185,14 @@ async def open_client(
         nc.options["allow_reconnect"] = True
         nc.options["max_reconnect_attempts"] = -1
     return nc
+
+
+async def _discard(nc: Client) -> None:
+    """Close a client whose attempt failed. Bounded: after a failed TLS handshake,
+    nats-py's close can wait forever for the transport to shut down."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DISCARD_TIMEOUT_S):
+            await nc.close()
 
 
 def _options(config: EngineConfig, name: str, events: ConnectionLog) -> dict[str, Any]:
