@@ -356,15 +356,23 @@ class NatsWal:
             try:
                 await self._js.stream_info(cfg.stream_name)
             except jse.NotFoundError:
-                raise StoreError(f"the stream {cfg.stream_name!r} was not found") from None
+                raise StoreError(
+                    f"the stream {cfg.stream_name!r} does not exist (check the stream name: "
+                    "BUFSTORE_STREAM_NAME; only a store or a flusher creates it)"
+                ) from None
             try:
                 await self._js.consumer_info(cfg.stream_name, cfg.consumer_name)
             except jse.NotFoundError:
-                raise StoreError(f"the consumer {cfg.consumer_name!r} was not found") from None
+                raise StoreError(
+                    f"the consumer {cfg.consumer_name!r} does not exist on the stream "
+                    f"{cfg.stream_name!r} (check BUFSTORE_CONSUMER_NAME)"
+                ) from None
             try:
                 hot = await self._js.key_value(cfg.hot_bucket)
             except (jse.BucketNotFoundError, jse.NotFoundError):
-                raise StoreError(f"the bucket {cfg.hot_bucket!r} was not found") from None
+                raise StoreError(
+                    f"the bucket {cfg.hot_bucket!r} does not exist (check BUFSTORE_HOT_BUCKET)"
+                ) from None
             self._hot = self._bucket_handle(hot, cfg.hot_bucket)
             with contextlib.suppress(jse.BucketNotFoundError, jse.NotFoundError):
                 quarantine = await self._js.key_value(cfg.quarantine_bucket)

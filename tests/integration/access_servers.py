@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nacl.signing
-import nkeys
+import nkeys  # type: ignore[import-untyped]
 
 PASSWORD = "Planted-Secret-7q4Z"
 """The one password of the user/password server: tests check it never shows."""

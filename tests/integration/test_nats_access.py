@@ -209,6 +209,14 @@ async def test_flusher_stops_on_sigterm_while_its_connection_hangs(
 ) -> None:
     """A server that accepts the TCP connection and never says a word: the first
     connection waits for its (hour-long) deadline, and SIGTERM must end it."""
+    env = {"DATABASE_URL": database_url, "BUFSTORE_SCHEMA": schema_name}
+    returncode, stderr = await asyncio.to_thread(sigterm_while_connecting, env)
+    assert returncode == 0, stderr
+
+
+def sigterm_while_connecting(env: dict[str, str]) -> tuple[int, str]:
+    """`bufstore flusher` against a silent server, SIGTERM once it connected; its exit
+    status and stderr."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     accepted = threading.Event()
@@ -232,8 +240,7 @@ async def test_flusher_stops_on_sigterm_while_its_connection_hangs(
             "BUFSTORE_NATS_URL": f"nats://127.0.0.1:{port}",
             "BUFSTORE_CONNECT_TIMEOUT_S": "3600",
             "BUFSTORE_REQUEST_TIMEOUT_S": "3600",
-            "DATABASE_URL": database_url,
-            "BUFSTORE_SCHEMA": schema_name,
+            **env,
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -252,7 +259,7 @@ async def test_flusher_stops_on_sigterm_while_its_connection_hangs(
         listener.close()
         for conn in held:
             conn.close()
-    assert proc.returncode == 0, stderr
+    return proc.returncode, stderr
 
 
 # -- credentials and TLS that work --------------------------------------------------------
@@ -337,7 +344,7 @@ async def test_no_output_or_log_line_shows_the_password(
         ):
             done = bufstore(*args, env=env)
             outputs.append(f"$ {' '.join(args)}\n{done.stdout}{done.stderr}")
-        outputs.append(run_flusher_briefly(env))
+        outputs.append(await asyncio.to_thread(run_flusher_briefly, env))
     text = "\n".join(outputs)
     assert PASSWORD not in text
     assert "svc:***@" in text  # the URLs are there, masked
