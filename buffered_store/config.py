@@ -174,6 +174,9 @@ class BufferedStoreConfig(EngineConfig):
     """Stream seqs of the latest entries kept in the hot record for direct reads."""
     cursor_cache_threads: int = 4096
     """Threads whose last snapshot this instance keeps to send append-only deltas."""
+    cursor_cache_bytes: int = 64 * 1024 * 1024
+    """Memory those snapshots may take (about): past it the least recently written
+    threads are forgotten, and their next write reloads them (the slow path)."""
     run_claim_grace_s: float = 300.0
     """How long a run id claimed by a thread that does not (yet) hold the run stays
     reserved to it: the claiming checkpoint may still be in flight (a publish buffered
@@ -189,7 +192,7 @@ class BufferedStoreConfig(EngineConfig):
         for name in ("checkpoint_timeout_s", "drain_timeout_s", "run_claim_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
-        for name in ("recent_window", "cursor_cache_threads"):
+        for name in ("recent_window", "cursor_cache_threads", "cursor_cache_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

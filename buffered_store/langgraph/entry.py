@@ -189,5 +189,11 @@ class LangGraphFormat:
     def state_after(self, state: bool | None, entry: LgEntry, *, owned: bool) -> bool:
         return True
 
+    def state_bytes(self, state: bool) -> int:
+        return 0  # a constant: nothing held per thread
+
+    def added_bytes(self, entry: LgEntry) -> int:
+        return 0
+
 
 LG_FORMAT = LangGraphFormat()

@@ -762,9 +762,12 @@ class BufferedThreadRunStore:
         (``checkpoints_ok``; ``checkpoints_failed``, split into ``checkpoints_invalid``,
         ``_unavailable``, ``_commit_unknown``, ``_cancelled``, ``_error``), their total
         time, ``commit_unknown`` (deletes included), ``deletes``, ``cas_conflicts``,
-        ``wal_bytes`` and ``nats_requests``."""
+        ``wal_bytes`` and ``nats_requests``; gauges of the writer's cursor cache:
+        ``cursor_cache_threads`` and ``cursor_cache_bytes`` (what its snapshots weigh)."""
         return {
             **self._stats,
+            "cursor_cache_threads": len(self._writer.cursors),
+            "cursor_cache_bytes": self._writer.cursors.held_bytes,
             "commit_unknown": self._writer.commit_unknown,
             "cas_conflicts": self._writer.conflicts,
             "wal_bytes": self._writer.wal_bytes,
