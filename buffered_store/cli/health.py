@@ -2,13 +2,12 @@
 are under their thresholds, 1 otherwise; usable as a container probe.
 
 It measures what `bufstore status` reports (backlog from the consumer info; lag as the
-age of the oldest entry above its thread's flushed mark), but bounded and free of side
-effects, as a probe must be: a NATS connection that gives up at once when it is lost and
-only opens what exists (``NatsWal.connect(setup="open", reconnect="probe")``: nothing is
-created, and no setting is compared with the caller's, where `status` creates missing
-objects and rejects a consumer whose settings differ), and at most `SCAN_LIMIT` direct
-gets of the tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every
-check is bounded by ``--timeout``.
+age of the oldest entry above its thread's flushed mark), but bounded, as a probe must
+be: a NATS connection that tries each server once and gives up at once when it is lost
+(``NatsWal.connect(setup="open", reconnect="probe")``: like `status`, it creates nothing
+and compares no setting with the caller's), and at most `SCAN_LIMIT` direct gets of the
+tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every check is bounded
+by ``--timeout``. The NATS URL is shown with its password masked.
 """
 
 from __future__ import annotations

@@ -127,8 +127,9 @@ async def open_client(
 
     `timeout_s` (default ``config.connect_timeout_s``) bounds the first connection, all
     attempts included. ``reconnect``: ``"forever"`` reconnects after any later loss,
-    without bound; ``"never"`` and ``"probe"`` give up on a lost connection (``"probe"``
-    also logs nothing).
+    without bound; ``"never"`` gives up on a lost connection; ``"probe"`` too, makes a
+    single pass over the servers (no retry: a refused connection fails at once) and logs
+    nothing.
     """
     budget_s = config.connect_timeout_s if timeout_s is None else timeout_s
     shown = mask_url(config.nats_url)
@@ -168,7 +169,9 @@ async def open_client(
                     f"cannot connect to NATS at {shown}: {mask_credentials(describe(exc))}"
                 ) from exc
             last = exc
-            wait = backoff.next_wait(loop.time())
+            # A probe answers "down" after one pass over the servers: a health check
+            # must not wait out its timeout for a refused connection.
+            wait = backoff.next_wait(loop.time()) if reconnect != "probe" else None
             if wait is None:
                 reason = "no answer in time" if isinstance(exc, TimeoutError) else describe(exc)
                 if isinstance(exc, nats.errors.NoServersError) and events.last_error:

@@ -272,8 +272,9 @@ class NatsWal:
         ``config.connect_timeout_s``; `WalUnavailableError` naming the server after it);
         refused credentials or TLS raise `WalAccessDeniedError` at once. ``reconnect``:
         ``"forever"`` (default: stores and flushers) reconnects after any later loss;
-        ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, and
-        logs nothing (a one-shot health check). See `connection.open_client`.
+        ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, tries
+        each server once, without retries, and logs nothing (a one-shot health check).
+        See `connection.open_client`.
         """
         nc = await open_client(config, name=name, reconnect=reconnect, timeout_s=connect_timeout_s)
         wal = cls(nc, config)
