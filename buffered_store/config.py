@@ -42,6 +42,16 @@ class EngineConfig:
     """Comma-separated NATS server URLs."""
     credentials: str | None = None
     """A NATS ``.creds`` file: its path or its contents."""
+    tls_ca_file: str | None = None
+    """PEM file of the CA(s) that signed the NATS servers' certificates (None: the
+    system's trusted CAs, used when a server requires TLS or a URL says ``tls://``)."""
+    tls_cert_file: str | None = None
+    """PEM client certificate, for servers that verify clients (with `tls_key_file`)."""
+    tls_key_file: str | None = None
+    """PEM private key of `tls_cert_file` (None: the key is in the certificate file)."""
+    connect_timeout_s: float = 10.0
+    """Deadline of the first NATS connection, every attempt included; a refused login
+    or TLS handshake fails at once. Later reconnects are not bounded."""
     stream_name: str = "THREADLOG"
     hot_bucket: str = "thread-hot"
     quarantine_bucket: str = "thread-quarantine"
@@ -88,6 +98,7 @@ class EngineConfig:
             "flush_interval_s",
             "ack_wait_s",
             "request_timeout_s",
+            "connect_timeout_s",
         )
         for name in positive:
             if not getattr(self, name) > 0:
@@ -98,6 +109,11 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.duplicate_window_s > self.max_age_s:
             raise ConfigError("duplicate_window_s must not exceed max_age_s")
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            if getattr(self, name) == "":
+                object.__setattr__(self, name, None)
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise ConfigError("tls_key_file needs tls_cert_file (the certificate of that key)")
         if self.read_from not in READ_FROM:
             raise ConfigError(
                 f"read_from must be one of {', '.join(READ_FROM)}, got {self.read_from!r}"
@@ -162,6 +178,9 @@ class BufferedStoreConfig(EngineConfig):
     """Bytes of the entries this instance appended that it keeps for reads of its own
     threads (the newest 64 of each thread; a read of the unflushed tail then needs no
     fetch); 0 keeps none."""
+    cursor_cache_bytes: int = 64 * 1024 * 1024
+    """Memory those snapshots may take (about): past it the least recently written
+    threads are forgotten, and their next write reloads them (the slow path)."""
     run_claim_grace_s: float = 300.0
     """How long a run id claimed by a thread that does not (yet) hold the run stays
     reserved to it: the claiming checkpoint may still be in flight (a publish buffered
@@ -179,7 +198,7 @@ class BufferedStoreConfig(EngineConfig):
                 raise ConfigError(f"{name} must be positive")
         if not isinstance(self.entry_cache_bytes, int) or self.entry_cache_bytes < 0:
             raise ConfigError(f"entry_cache_bytes must be >= 0, got {self.entry_cache_bytes!r}")
-        for name in ("recent_window", "cursor_cache_threads"):
+        for name in ("recent_window", "cursor_cache_threads", "cursor_cache_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

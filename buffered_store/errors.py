@@ -71,6 +71,13 @@ class WalUnavailableError(BackendUnavailableError):
     """NATS JetStream could not be reached or did not answer in time."""
 
 
+class WalAccessDeniedError(WalUnavailableError):
+    """NATS refused this client: wrong credentials, or a TLS certificate that does not
+    verify. Retrying cannot help; fix the configuration."""
+
+    retriable = False
+
+
 class DatabaseUnavailableError(BackendUnavailableError):
     """The database could not be reached or did not answer in time."""
 
@@ -96,13 +103,28 @@ class CommitUnknownError(StoreError):
 
 
 class FlushTimeoutError(StoreError):
-    """A flush did not complete within its timeout."""
+    """A flush did not complete within its timeout.
+
+    `thread_id` names the thread of a `force_flush`; after a `force_flush_all`,
+    `flushed` counts the threads it flushed and `not_flushed` lists the others (those
+    whose flush was cut short may still have committed: their next flush finds them
+    done).
+    """
 
     retriable = True
 
-    def __init__(self, message: str | None = None, *, thread_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        thread_id: str | None = None,
+        flushed: int = 0,
+        not_flushed: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.thread_id = thread_id
+        self.flushed = flushed
+        self.not_flushed = not_flushed
 
 
 class SchemaError(StoreError):

@@ -37,6 +37,7 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from buffered_store.errors import ConfigError
+from buffered_store.masking import mask_credentials
 
 __all__ = [
     "ENV_LOG_FORMAT",
@@ -115,8 +116,9 @@ def redact_thread_id(thread_id: str, mode: ThreadIdMode) -> str:
 def scrub(text: str, *, mode: ThreadIdMode = ThreadIdMode.PLAIN, limit: int = MAX_TEXT) -> str:
     """`text` without the parts that can quote data: SQLAlchemy's ``[SQL: ...]`` and
     ``[parameters: ...]`` suffix, Postgres' DETAIL/CONTEXT/LINE lines; thread mentions
-    redacted per `mode`; at most `limit` characters."""
-    text = _SQLALCHEMY_SUFFIX.split(text, maxsplit=1)[0]
+    redacted per `mode`; credentials in URLs and connection strings masked
+    (`buffered_store.masking`); at most `limit` characters."""
+    text = mask_credentials(_SQLALCHEMY_SUFFIX.split(text, maxsplit=1)[0])
     text = _QUOTED_LINES.sub("", text).rstrip()
     if mode is not ThreadIdMode.PLAIN:
         text = _THREAD_MENTION.sub(lambda m: m.group(1) + _redact_quoted(m.group(2), mode), text)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
-from buffered_store.cli.common import nats_url_option, require, run, store_options
+from buffered_store.cli.common import nats_access, nats_url_option, require, run, store_options
 from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
@@ -53,6 +53,7 @@ def setup_logging(level: str, fmt: str | None = None) -> None:
 def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     """`FlusherConfig.from_env()` with the options that were given applied."""
     values = {name: value for name, value in overrides.items() if value is not None}
+    values.update(nats_access())
     if nats_url:
         values["nats_url"] = nats_url
     return FlusherConfig.from_env(**values)
@@ -127,7 +128,11 @@ def flusher_command(
         lg = LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
         config = config.replace(
             nats_url=lg.nats_url,
-            credentials=lg.credentials,
+            credentials=nats_access().get("credentials", lg.credentials),
+            tls_ca_file=nats_access().get("tls_ca_file", lg.tls_ca_file),
+            tls_cert_file=nats_access().get("tls_cert_file", lg.tls_cert_file),
+            tls_key_file=nats_access().get("tls_key_file", lg.tls_key_file),
+            connect_timeout_s=lg.connect_timeout_s,
             stream_name=lg.stream_name,
             hot_bucket=lg.hot_bucket,
             quarantine_bucket=lg.quarantine_bucket,
@@ -219,14 +224,18 @@ async def start_patiently(
     """`attempt()` until it succeeds, backing off while a service is unavailable.
 
     A flusher process started while NATS or Postgres is down (or too slow to answer its
-    set-up requests, as under load) waits for them instead of exiting; other errors
-    (configuration, schema) stop it at once. Returns None when `stop` is set first.
+    set-up requests, as under load) waits for them instead of exiting; errors that
+    another attempt cannot cure (configuration, schema, refused credentials or TLS:
+    `StoreError.retriable` false) stop it at once. Returns None as soon as `stop` is
+    set, also while an attempt is still waiting for a server (it is cancelled).
     """
     failures = 0
     while not stop.is_set():
         try:
-            return await attempt()
+            started = await _unless_stopped(attempt(), stop)
         except BackendUnavailableError as exc:
+            if not exc.retriable:
+                raise
             failures += 1
             log.warning(
                 "could not %s yet (%s); retrying",
@@ -234,11 +243,30 @@ async def start_patiently(
                 exc,
                 extra={"action": "flusher_start_retry", "failures": failures},
             )
+        else:
+            return started  # None when `stop` came first
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
                 stop.wait(), backoff_s(failures, initial_s=initial_s, max_s=max_s)
             )
     return None
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """The result of `work`, or None once `stop` is set first (`work` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 def _progress(stats: dict[str, int | float]) -> str:

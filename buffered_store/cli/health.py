@@ -2,13 +2,12 @@
 are under their thresholds, 1 otherwise; usable as a container probe.
 
 It measures what `bufstore status` reports (backlog from the consumer info; lag as the
-age of the oldest entry above its thread's flushed mark), but bounded and free of side
-effects, as a probe must be: a NATS connection that gives up at once when it is lost and
-only opens what exists (``NatsWal.connect(setup="open", reconnect="probe")``: nothing is
-created, and no setting is compared with the caller's, where `status` creates missing
-objects and rejects a consumer whose settings differ), and at most `SCAN_LIMIT` direct
-gets of the tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every
-check is bounded by ``--timeout``.
+age of the oldest entry above its thread's flushed mark), but bounded, as a probe must
+be: a NATS connection that tries each server once and gives up at once when it is lost
+(``NatsWal.connect(setup="open", reconnect="probe")``: like `status`, it creates nothing
+and compares no setting with the caller's), and at most `SCAN_LIMIT` direct gets of the
+tail however long the backlog grew. Postgres gets a ``SELECT 1``. Every check is bounded
+by ``--timeout``. The NATS URL is shown with its password masked.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import click
 
 from buffered_store.cli.common import database_url_option, nats_url_option, store_config
 from buffered_store.config import EngineConfig
+from buffered_store.masking import mask_url
 
 Status = Literal["ok", "fail", "skip"]
 T = TypeVar("T")
@@ -156,16 +156,17 @@ async def _wal_checks(
     timeout_s: float,
     scan_limit: int,
 ) -> tuple[list[Check], WalFigures | None]:
+    shown_url = mask_url(config.nats_url)
     try:
         figures = await _bounded(lambda: wal_figures(config, timeout_s, scan_limit), timeout_s)
     except Exception as exc:
         skipped = [Check(n, "skip", "not checked: NATS failed") for n in ("backlog", "lag")]
-        return [Check("nats", "fail", f"{config.nats_url}: {_describe(exc)}"), *skipped], None
+        return [Check("nats", "fail", f"{shown_url}: {_describe(exc)}"), *skipped], None
     checks = [
         Check(
             "nats",
             "ok",
-            f"{config.nats_url}: consumer {config.consumer_name!r} on {config.stream_name!r}",
+            f"{shown_url}: consumer {config.consumer_name!r} on {config.stream_name!r}",
         ),
         threshold_check("backlog", figures.backlog, max_backlog, "entries"),
         threshold_check("lag", round(figures.lag_s, 3), max_lag_s, "s"),

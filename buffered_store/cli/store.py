@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from buffered_store.cli.common import require, run, store_config, store_options
+
+PROGRESS_LINE_INTERVAL_S = 5.0
+"""Seconds between progress lines of `force-flush --all` when stderr is no terminal."""
 
 
 def register(group: click.Group) -> None:
@@ -31,10 +38,15 @@ def force_flush(
     database_url: str | None,
     schema: str,
 ) -> None:
-    """Apply the pending checkpoints of THREAD_ID (or of every thread) to Postgres now."""
+    """Apply the pending checkpoints of THREAD_ID (or of every thread) to Postgres now.
+
+    With --all, progress goes to stderr: a bar on a terminal, else a line every few
+    seconds.
+    """
     if bool(thread_id) == flush_all:
         raise click.UsageError("give a THREAD_ID or --all (not both)")
     url = require(database_url, "--database-url")
+    config = store_config(nats_url)
 
     async def main() -> None:
         from buffered_store.stores.postgres import PostgresThreadRunStore
@@ -42,10 +54,13 @@ def force_flush(
 
         inner = await PostgresThreadRunStore.connect(url, schema=schema)
         try:
-            async with BufferedThreadRunStore.connect(inner, store_config(nats_url)) as store:
+            async with BufferedThreadRunStore.connect(inner, config) as store:
                 started = time.perf_counter()
                 if flush_all:
-                    count = await store.force_flush_all(timeout=timeout or 60.0)
+                    with flush_progress() as progress:
+                        count = await store.force_flush_all(
+                            timeout=timeout or 60.0, progress=progress
+                        )
                     took = (time.perf_counter() - started) * 1000
                     click.echo(f"flushed {count} thread(s) in {took:.1f} ms")
                 else:
@@ -59,6 +74,49 @@ def force_flush(
     run(main)
 
 
+@dataclass(slots=True)
+class ProgressLines:
+    """When a progress line is due on an output that is no terminal: the first report,
+    then one per `interval_s` at most, and the last (all done). Pure: given `now`."""
+
+    interval_s: float = PROGRESS_LINE_INTERVAL_S
+    _last: float | None = None
+
+    def due(self, now: float, done: int, total: int) -> bool:
+        """Whether to print (done, total) at `now` (monotonic seconds)."""
+        if done >= total or self._last is None or now - self._last >= self.interval_s:
+            self._last = now
+            return True
+        return False
+
+
+@contextmanager
+def flush_progress() -> Iterator[Callable[[int, int], None]]:
+    """A `force_flush_all` progress callback showing on stderr."""
+    err = sys.stderr
+    if err.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            "flushing threads",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(file=err),
+        ) as bar:
+            task = bar.add_task("flush", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+        return
+    lines = ProgressLines()
+
+    def report(done: int, total: int) -> None:
+        if lines.due(time.monotonic(), done, total):
+            click.echo(f"flushed {done}/{total} thread(s)", err=True)
+
+    yield report
+
+
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Pending threads listed.")
@@ -66,8 +124,16 @@ def force_flush(
 def status(
     as_json: bool, limit: int, nats_url: str | None, database_url: str | None, schema: str
 ) -> None:
-    """Pending threads, their lag, and the flusher consumer's backlog."""
-    report = run(lambda: collect_status(store_config(nats_url), limit=limit))
+    """Pending threads, their lag, and the flusher consumer's backlog.
+
+    Read-only: creates nothing (a stream, consumer or bucket that does not exist is an
+    error). With a database URL, a thread counts as flushed up to the higher of its KV
+    mark and the watermark stored in Postgres.
+    """
+    config = store_config(nats_url)
+    report = run(
+        lambda: collect_status(config, limit=limit, database_url=database_url, schema=schema)
+    )
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
@@ -89,8 +155,12 @@ def status(
         )
 
 
-async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
-    """The status report as a dict (shared by `status --json` and health checks)."""
+async def collect_status(
+    config: Any, *, limit: int, database_url: str | None = None, schema: str = "public"
+) -> dict[str, Any]:
+    """The status report as a dict (`status --json`), from what exists: nothing is
+    created. Flushed seqs are the KV marks, raised to the Postgres watermarks when
+    `database_url` is given (a flush cut short after its commit leaves the mark behind)."""
     from buffered_store.engine.entries import decode_flushed
     from buffered_store.engine.ids import utcnow
     from buffered_store.engine.keys import flushed_key
@@ -98,21 +168,22 @@ async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
     from buffered_store.nats import NatsWal
     from buffered_store.threadrun.entry import FORMAT
 
-    wal = await NatsWal.connect(config, name="bufstore-status")
+    wal = await NatsWal.connect(config, name="bufstore-status", setup="open")
     try:
         consumer = await wal.consumer_state()
         log = ThreadLog(wal, config, FORMAT)
         tail = await log.tail_entries()
         by_thread = group_by_thread(tail)
         threads = sorted(by_thread)
-        hots, marks = await asyncio.gather(
+        hots, marks, stored = await asyncio.gather(
             asyncio.gather(*(log.hot(t) for t in threads)),
             wal.kv_get_many([flushed_key(t) for t in threads]),
+            stored_watermarks(database_url, schema, threads),
         )
         now = utcnow()
         rows: list[dict[str, Any]] = []
         for thread_id, hot, mark in zip(threads, hots, marks, strict=True):
-            flushed = decode_flushed(mark.value).seq if mark else 0
+            flushed = max(decode_flushed(mark.value).seq if mark else 0, stored.get(thread_id, 0))
             latest = hot.record.seq if hot else 0
             if latest <= flushed or by_thread[thread_id][-1].seq <= flushed:
                 continue
@@ -146,3 +217,18 @@ async def collect_status(config: Any, *, limit: int) -> dict[str, Any]:
         }
     finally:
         await wal.close()
+
+
+async def stored_watermarks(
+    database_url: str | None, schema: str, threads: list[str]
+) -> dict[str, int]:
+    """The flushed seqs Postgres holds for `threads` (empty without a URL or threads)."""
+    if not database_url or not threads:
+        return {}
+    from buffered_store.stores.postgres import PostgresThreadRunStore
+
+    inner = await PostgresThreadRunStore.connect(database_url, schema=schema)
+    try:
+        return dict(await inner.flushed_seqs(threads))
+    finally:
+        await inner.close()

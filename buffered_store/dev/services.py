@@ -585,7 +585,10 @@ class NatsServer(ServerContext):
         sync_always: bool = False,
         monitor: bool = True,
         startup_timeout: float = 15.0,
+        extra_config: str = "",
     ) -> None:
+        """``extra_config``: more server configuration (e.g. ``tls {...}`` or
+        ``authorization {...}`` blocks), written to the config file."""
         self.binary = Path(binary) if binary is not None else find_nats_server()
         self.host = host
         self.sync_always = sync_always
@@ -598,7 +601,7 @@ class NatsServer(ServerContext):
         self.store_dir = Path(store_dir) if store_dir is not None else self._tmp_root / "store"
         self.log_path = self._tmp_root / "nats-server.log"
         self.config_path: Path | None = None
-        config = nats_config_text(sync_always=sync_always)
+        config = nats_config_text(sync_always=sync_always) + extra_config
         if config:
             self.config_path = self._tmp_root / "nats-server.conf"
             self.config_path.write_text(config)

@@ -101,6 +101,15 @@ class WriteFormat(Format[E, H], Protocol[E, H, S]):
         caller gives `state` up, so it may be extended in place."""
         ...
 
+    def state_bytes(self, state: S) -> int:
+        """About how many bytes of memory `state` holds (what the cursor cache counts)."""
+        ...
+
+    def added_bytes(self, entry: E) -> int:
+        """What `state_after(..., owned=True)` adds to `state_bytes` when it extends the
+        state in place with `entry` (so a cursor is weighed in O(entry), not O(state))."""
+        ...
+
 
 @dataclass(slots=True)
 class Cursor(Generic[H, S]):
@@ -124,14 +133,41 @@ class Cursor(Generic[H, S]):
     hot_behind: bool = False
     """The KV hot record (at `revision`) is older than `hot`: entries past it were found
     on the subject (a writer's KV update was lost). Readers do not see them yet."""
+    state_bytes: int | None = None
+    """What `state` weighs (`WriteFormat.state_bytes`; None: not weighed yet)."""
+
+
+CURSOR_OVERHEAD_BYTES = 1024
+"""What a cursor weighs besides its state (hot record, seqs, claims): an estimate."""
 
 
 class CursorCache(Generic[H, S]):
-    """Bounded LRU of cursors, one per recently written thread."""
+    """LRU of cursors, one per recently written thread, bounded in threads and in bytes.
 
-    def __init__(self, capacity: int) -> None:
+    A thread's cursor holds its last snapshot (the state), which can be large: past
+    `max_bytes` the least recently used cursors are evicted, and their threads' next
+    write loads the cursor again (the slow path: two reads, and a full snapshot instead
+    of a delta for `checkpoint`). A cursor whose state alone exceeds the budget is kept
+    without its state.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        max_bytes: int | None = None,
+        weigh: Callable[[S], int] | None = None,
+    ) -> None:
         self._items: OrderedDict[str, Cursor[H, S]] = OrderedDict()
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._weigh = weigh
+        self._weights: dict[str, int] = {}
+        self.held_bytes = 0
+        """What the cached cursors weigh now (states plus `CURSOR_OVERHEAD_BYTES` each)."""
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, thread_id: str) -> Cursor[H, S] | None:
         """The cursor, marked as recently used."""
@@ -141,15 +177,35 @@ class CursorCache(Generic[H, S]):
         return cursor
 
     def put(self, thread_id: str, cursor: Cursor[H, S]) -> None:
-        """Store a cursor, evicting the least recently used one past capacity."""
+        """Store a cursor, evicting the least recently used ones past the bounds."""
+        self.drop(thread_id)
+        weight = CURSOR_OVERHEAD_BYTES + self._state_weight(cursor)
+        if self._max_bytes is not None and weight > self._max_bytes:
+            # Alone above the budget: keep where the thread stands, not what it holds.
+            cursor.state = None
+            cursor.state_bytes = 0
+            weight = CURSOR_OVERHEAD_BYTES
         self._items[thread_id] = cursor
-        self._items.move_to_end(thread_id)
-        while len(self._items) > self._capacity:
-            self._items.popitem(last=False)
+        self._weights[thread_id] = weight
+        self.held_bytes += weight
+        while len(self._items) > self._capacity or (
+            self._max_bytes is not None
+            and self.held_bytes > self._max_bytes
+            and len(self._items) > 1
+        ):
+            self.drop(next(iter(self._items)))
+
+    def _state_weight(self, cursor: Cursor[H, S]) -> int:
+        if self._weigh is None or cursor.state is None:
+            return 0
+        if cursor.state_bytes is None:
+            cursor.state_bytes = self._weigh(cursor.state)
+        return cursor.state_bytes
 
     def drop(self, thread_id: str) -> None:
         """Forget a thread (its next write reloads it from the WAL)."""
-        self._items.pop(thread_id, None)
+        if self._items.pop(thread_id, None) is not None:
+            self.held_bytes -= self._weights.pop(thread_id)
 
     def threads(self) -> list[str]:
         """Threads with a cursor."""
@@ -216,7 +272,9 @@ class Writer(Generic[E, H, S]):
         self.log = ThreadLog(wal, config, fmt, cache=EntryCache(config.entry_cache_bytes))
         self._seed = seed
         self._clock = clock
-        self.cursors: CursorCache[H, S] = CursorCache(config.cursor_cache_threads)
+        self.cursors: CursorCache[H, S] = CursorCache(
+            config.cursor_cache_threads, max_bytes=config.cursor_cache_bytes, weigh=fmt.state_bytes
+        )
         self.conflicts = 0
         self.commit_unknown = 0
         """Writes whose outcome could not be known (`CommitUnknownError`)."""
@@ -495,8 +553,11 @@ class Writer(Generic[E, H, S]):
         `state` is the front-end's state at `entry` when the caller knows it; None
         derives it from `base` (whose state the new cursor takes over).
         """
+        weight = None
         if state is None:
             state = self.fmt.state_after(base.state, entry, owned=True)
+            if state is not None and state is base.state and base.state_bytes is not None:
+                weight = base.state_bytes + self.fmt.added_bytes(entry)  # extended in place
         cursor = Cursor(
             seq=entry.seq,
             stream_seq=stream_seq,
@@ -505,6 +566,7 @@ class Writer(Generic[E, H, S]):
             state=state,
             # A deleted thread holds no claim: its ids may pass to other threads.
             claims=set() if entry.deletes else base.claims,
+            state_bytes=weight,
         )
         self.cursors.put(thread_id, cursor)
         return cursor

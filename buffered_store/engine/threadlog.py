@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -286,6 +286,16 @@ class ThreadLog(Generic[E, H]):
                 out.append(entry)
         return out
 
+    async def catch_up_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
+        """Raise the flushed mark to `seq` if it is below (free when this log raised or
+        read it at or above `seq` already; else one read first)."""
+        known = self._marks.get(thread_id)
+        if known is not None and known[0] >= seq:
+            return
+        mark = await self.mark(thread_id)
+        if mark is None or mark.seq < seq:
+            await self.raise_mark(thread_id, seq, stream_seq)
+
     async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
         """Raise the KV flushed watermark to `seq` (never lowers it).
 
@@ -338,9 +348,11 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     checks the watermark inside its transaction).
     """
     hot, upto = await log_.latest(thread_id)
-    for _ in range(20):
+    for attempt in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
         if flushed >= upto:
+            if attempt == 0 and hot is not None:
+                await _repair_mark(log_, thread_id, flushed, hot.record)
             return flushed
         record = hot.record if hot else None
         entries = await log_.entries_between(thread_id, flushed, upto, record)
@@ -353,6 +365,19 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
+
+
+async def _repair_mark(log_: ThreadLog[E, H], thread_id: str, flushed: int, hot: H) -> None:
+    """Raise the KV flushed mark to the target's watermark when it lags behind it.
+
+    A flush cut short between its commit and its mark (a timeout, a crash) leaves the
+    data in the target with the mark below it; `bufstore status`, which reads the marks,
+    would show the thread as pending until its next write. Done when the stream seq of
+    the entry at `flushed` is known (the hot record's latest or recent ones).
+    """
+    stream_seq = dict(hot.recent).get(flushed) or (hot.stream_seq if hot.seq == flushed else 0)
+    if stream_seq:
+        await log_.catch_up_mark(thread_id, flushed, stream_seq)
 
 
 async def force_flush(
@@ -369,6 +394,12 @@ async def force_flush(
         ) from exc
 
 
+FlushProgress = Callable[[int, int], None]
+"""Told (threads flushed, threads to flush) as a `force_flush_all` goes on."""
+LISTED_NOT_FLUSHED = 10
+"""Threads a `force_flush_all` timeout names in its message (all are in the error)."""
+
+
 async def force_flush_all(
     log_: ThreadLog[E, H],
     target: FlushSink[E],
@@ -376,22 +407,54 @@ async def force_flush_all(
     *,
     timeout_s: float,
     parallel: int,
+    progress: FlushProgress | None = None,
 ) -> int:
     """Flush every thread with unflushed entries, `parallel` at a time, within `timeout_s`
-    seconds (`FlushTimeoutError` after it); returns how many threads were flushed."""
+    seconds; returns how many threads were flushed. `progress` is called with (flushed,
+    total) once the threads are known and after each one.
+
+    After `timeout_s`, `FlushTimeoutError` says how many were flushed and which were not.
+    """
+    threads: list[str] = []
+    done: set[str] = set()
     try:
         async with asyncio.timeout(timeout_s):
             threads = [p.thread_id for p in await pending.scan()]
             gate = asyncio.Semaphore(parallel)
+            if progress is not None:
+                progress(0, len(threads))
 
             async def one(thread_id: str) -> None:
                 async with gate:
                     await flush_thread(log_, target, thread_id)
+                done.add(thread_id)
+                if progress is not None:
+                    progress(len(done), len(threads))
 
             await asyncio.gather(*(one(t) for t in threads))
             return len(threads)
     except TimeoutError as exc:
-        raise FlushTimeoutError(f"force_flush_all did not complete within {timeout_s}s") from exc
+        missing = tuple(t for t in threads if t not in done)
+        raise FlushTimeoutError(
+            _flush_all_timeout_text(timeout_s, threads, len(done), missing),
+            flushed=len(done),
+            not_flushed=missing,
+        ) from exc
+
+
+def _flush_all_timeout_text(
+    timeout_s: float, threads: Sequence[str], done: int, missing: Sequence[str]
+) -> str:
+    text = f"force_flush_all did not complete within {timeout_s:g}s: "
+    if not threads:
+        return text + "the pending threads were not found in time (nothing flushed)"
+    named = ", ".join(repr(t) for t in missing[:LISTED_NOT_FLUSHED])
+    more = len(missing) - LISTED_NOT_FLUSHED
+    return (
+        text
+        + f"{done} of {len(threads)} thread(s) flushed; not flushed: {named}"
+        + (f" and {more} more" if more > 0 else "")
+    )
 
 
 def group_by_thread(entries: Sequence[E]) -> dict[str, list[E]]:

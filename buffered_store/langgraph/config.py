@@ -12,7 +12,14 @@ from buffered_store.config import ENV_PREFIX, BufferedStoreConfig
 from buffered_store.errors import ConfigError
 
 LG_ENV_PREFIX = "BUFSTORE_LG_"
-SHARED_ENV = ("NATS_URL", "CREDENTIALS")
+SHARED_ENV = (
+    "NATS_URL",
+    "CREDENTIALS",
+    "TLS_CA_FILE",
+    "TLS_CERT_FILE",
+    "TLS_KEY_FILE",
+    "CONNECT_TIMEOUT_S",
+)
 """Read from ``BUFSTORE_*`` too, when no ``BUFSTORE_LG_*`` variable sets them: one NATS
 deployment usually carries both front-ends."""
 
@@ -101,8 +108,9 @@ class LangGraphConfig(BufferedStoreConfig):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
         """Build from ``BUFSTORE_LG_*`` variables (``BUFSTORE_LG_DATABASE_URL``,
-        ``BUFSTORE_LG_STREAM_NAME``, ...); ``nats_url`` and ``credentials`` fall back to
-        ``BUFSTORE_NATS_URL`` and ``BUFSTORE_CREDENTIALS``. Keyword overrides win."""
+        ``BUFSTORE_LG_STREAM_NAME``, ...); where the NATS servers are and how to reach
+        them (``nats_url``, ``credentials``, the ``tls_*`` files, ``connect_timeout_s``)
+        fall back to their ``BUFSTORE_*`` variables. Keyword overrides win."""
         env = os.environ if environ is None else environ
         mapped = {ENV_PREFIX + n: env[ENV_PREFIX + n] for n in SHARED_ENV if ENV_PREFIX + n in env}
         mapped.update(

@@ -722,5 +722,16 @@ class LangGraphFormat:
     def state_after(self, state: LgState | None, entry: LgEntry, *, owned: bool) -> LgState | None:
         return NO_BASES if entry.deletes else None
 
+    def state_bytes(self, state: LgState) -> int:
+        # The items a base holds weigh about what their encoding does (they are the
+        # graph's own objects, often still alive in its state), plus the blob kept to
+        # check deltas and a little per channel.
+        return sum(
+            base.size + len(base.full or b"") + 8 * len(base.items) + 200 for base in state.values()
+        )
+
+    def added_bytes(self, entry: LgEntry) -> int:
+        return 0  # the state is never extended in place (`state_after` gives None)
+
 
 LG_FORMAT = LangGraphFormat()

@@ -38,7 +38,12 @@ from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.ports import Wal
-from buffered_store.engine.threadlog import flush_thread, force_flush, force_flush_all
+from buffered_store.engine.threadlog import (
+    FlushProgress,
+    flush_thread,
+    force_flush,
+    force_flush_all,
+)
 from buffered_store.errors import (
     DatabaseUnavailableError,
     FlushTimeoutError,
@@ -618,9 +623,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._stats["inline_flushes"] += 1
         return await force_flush(self._log, self.sink, thread_id, timeout_s=timeout)
 
-    async def force_flush_all(self, *, timeout: float = 60.0) -> int:  # noqa: ASYNC109
+    async def force_flush_all(
+        self,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109
+        progress: FlushProgress | None = None,
+    ) -> int:
         """Flush every thread with unflushed entries; returns how many were flushed.
-        Afterwards AsyncPostgresSaver reads exactly what this saver reads."""
+        Afterwards AsyncPostgresSaver reads exactly what this saver reads. `progress` and
+        the `FlushTimeoutError` on timeout as in `BufferedThreadRunStore.force_flush_all`."""
         self._check_open()
         started = asyncio.get_running_loop().time()
         try:
@@ -632,7 +643,12 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             ) from exc
         left = max(0.0, timeout - (asyncio.get_running_loop().time() - started))
         return await force_flush_all(
-            self._log, self.sink, self._pending, timeout_s=left, parallel=8
+            self._log,
+            self.sink,
+            self._pending,
+            timeout_s=left,
+            parallel=8,
+            progress=progress,
         )
 
     # -- reads ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import nats
 import nats.errors
 import nats.js.errors as jse
 import orjson
-from nats.aio.client import NO_RESPONDERS_STATUS, Client, RawCredentials
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -48,6 +48,7 @@ from buffered_store.errors import (
     StoreError,
     WalUnavailableError,
 )
+from buffered_store.nats.connection import Reconnect, open_client
 
 log = logging.getLogger("buffered_store.nats.wal")
 T = TypeVar("T")
@@ -257,7 +258,7 @@ class NatsWal:
         *,
         name: str = "bufstore",
         setup: Literal["ensure", "open", "none"] = "ensure",
-        reconnect: Literal["forever", "never", "probe"] = "forever",
+        reconnect: Reconnect = "forever",
         connect_timeout_s: float | None = None,
     ) -> NatsWal:
         """Connect and open the JetStream objects.
@@ -267,29 +268,15 @@ class NatsWal:
         bucket); ``"none"`` touches no server object, for handles that only read the
         stream.
 
-        ``reconnect``: ``"forever"`` (default: stores and flushers) reconnects after any
-        loss; ``"never"`` gives up on a lost connection but, like nats-py by default,
-        keeps trying to reach a server for the first connection for about two minutes
-        (Spark tasks); ``"probe"`` gives up at once and logs client errors at debug
-        level only (a one-shot health check).
+        The first connection must stand within `connect_timeout_s` (default
+        ``config.connect_timeout_s``; `WalUnavailableError` naming the server after it);
+        refused credentials or TLS raise `WalAccessDeniedError` at once. ``reconnect``:
+        ``"forever"`` (default: stores and flushers) reconnects after any later loss;
+        ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, tries
+        each server once, without retries, and logs nothing (a one-shot health check).
+        See `connection.open_client`.
         """
-        timeout_s = connect_timeout_s or config.request_timeout_s
-        # nats-py retries the first connection max_reconnect_attempts times too (0 would
-        # mean "retry forever" when choosing a server).
-        attempts, wait_s = {"forever": (-1, 0.2), "never": (60, 2.0), "probe": (1, 0.1)}[reconnect]
-        async with translated(f"connect to {config.nats_url}"):
-            nc = await nats.connect(
-                servers=config.servers,
-                name=name,
-                user_credentials=_credentials_option(config),
-                connect_timeout=timeout_s,
-                max_reconnect_attempts=attempts,
-                reconnect_time_wait=wait_s,
-                allow_reconnect=reconnect == "forever",
-                error_cb=_quiet if reconnect == "probe" else _log_error,
-                disconnected_cb=_log_event("nats_disconnected"),
-                reconnected_cb=_log_event("nats_reconnected"),
-            )
+        nc = await open_client(config, name=name, reconnect=reconnect, timeout_s=connect_timeout_s)
         wal = cls(nc, config)
         try:
             if setup == "ensure":
@@ -370,15 +357,23 @@ class NatsWal:
             try:
                 await self._js.stream_info(cfg.stream_name)
             except jse.NotFoundError:
-                raise StoreError(f"the stream {cfg.stream_name!r} was not found") from None
+                raise StoreError(
+                    f"the stream {cfg.stream_name!r} does not exist (check the stream name: "
+                    "BUFSTORE_STREAM_NAME; only a store or a flusher creates it)"
+                ) from None
             try:
                 await self._js.consumer_info(cfg.stream_name, cfg.consumer_name)
             except jse.NotFoundError:
-                raise StoreError(f"the consumer {cfg.consumer_name!r} was not found") from None
+                raise StoreError(
+                    f"the consumer {cfg.consumer_name!r} does not exist on the stream "
+                    f"{cfg.stream_name!r} (check BUFSTORE_CONSUMER_NAME)"
+                ) from None
             try:
                 hot = await self._js.key_value(cfg.hot_bucket)
             except (jse.BucketNotFoundError, jse.NotFoundError):
-                raise StoreError(f"the bucket {cfg.hot_bucket!r} was not found") from None
+                raise StoreError(
+                    f"the bucket {cfg.hot_bucket!r} does not exist (check BUFSTORE_HOT_BUCKET)"
+                ) from None
             self._hot = self._bucket_handle(hot, cfg.hot_bucket)
             with contextlib.suppress(jse.BucketNotFoundError, jse.NotFoundError):
                 quarantine = await self._js.key_value(cfg.quarantine_bucket)
@@ -918,27 +913,3 @@ class NatsDelivery:
 
 def _stored(raw: Any) -> StoredMsg:
     return StoredMsg(seq=int(raw.seq), subject=str(raw.subject), data=bytes(raw.data or b""))
-
-
-def _credentials_option(config: EngineConfig) -> Any:
-    """The configured credentials in the form nats-py accepts: a file's path, or the
-    file's contents (`ConfigError` when a file named does not exist)."""
-    path = config.credentials_file()
-    if path is None and config.credentials is not None:
-        return RawCredentials(config.credentials)
-    return path
-
-
-async def _log_error(exc: Exception) -> None:
-    log.warning("nats client error: %s", exc, extra={"action": "nats_error"})
-
-
-def _log_event(action: str) -> Callable[[], Awaitable[None]]:
-    async def callback() -> None:
-        log.info(action.replace("_", " "), extra={"action": action})
-
-    return callback
-
-
-async def _quiet(exc: Exception) -> None:
-    log.debug("nats client error: %s", exc, extra={"action": "nats_error"})

@@ -325,6 +325,11 @@ def messages_of(data: Sequence[bytes]) -> list[Message]:
     return [decode_message(item) for item in data]
 
 
+MESSAGE_OVERHEAD_BYTES = 41
+"""Memory of one message in a snapshot beyond its bytes: a bytes object's header (33)
+and its list slot (8), on CPython 64-bit."""
+
+
 class ThreadRunFormat:
     """The thread-run front-end as the engine sees it: its entries, its hot records and,
     as the writer's cursor state, the thread's canonical message snapshot
@@ -383,6 +388,14 @@ class ThreadRunFormat:
             state.extend(entry.messages)
             return state
         return apply_delta(state, entry.keep, entry.messages)
+
+    def state_bytes(self, state: list[bytes]) -> int:
+        """The snapshot's message bytes plus a bytes object and a list slot each."""
+        return sum(map(len, state)) + MESSAGE_OVERHEAD_BYTES * len(state)
+
+    def added_bytes(self, entry: WalEntry) -> int:
+        """What extending a snapshot with the entry's messages adds."""
+        return sum(map(len, entry.messages)) + MESSAGE_OVERHEAD_BYTES * len(entry.messages)
 
 
 FORMAT = ThreadRunFormat()

@@ -23,7 +23,13 @@ from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
-from buffered_store.engine.threadlog import ThreadLog, flush_thread, force_flush, force_flush_all
+from buffered_store.engine.threadlog import (
+    FlushProgress,
+    ThreadLog,
+    flush_thread,
+    force_flush,
+    force_flush_all,
+)
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
@@ -709,11 +715,26 @@ class BufferedThreadRunStore:
         check_id(thread_id, "thread_id")
         return await force_flush(self._log, self.target, thread_id, timeout_s=timeout)
 
-    async def force_flush_all(self, *, timeout: float = 60.0) -> int:  # noqa: ASYNC109
-        """Flush every thread with unflushed entries; returns how many were flushed."""
+    async def force_flush_all(
+        self,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109
+        progress: FlushProgress | None = None,
+    ) -> int:
+        """Flush every thread with unflushed entries; returns how many were flushed.
+
+        `progress(flushed, total)` is called once the threads are known and after each
+        one. On timeout, `FlushTimeoutError` counts the flushed threads (`flushed`) and
+        lists the others (`not_flushed`).
+        """
         self._check_open()
         return await force_flush_all(
-            self._log, self.target, self._pending, timeout_s=timeout, parallel=16
+            self._log,
+            self.target,
+            self._pending,
+            timeout_s=timeout,
+            parallel=16,
+            progress=progress,
         )
 
     async def flush_status(self, thread_id: str) -> FlushStatus:
@@ -741,9 +762,12 @@ class BufferedThreadRunStore:
         (``checkpoints_ok``; ``checkpoints_failed``, split into ``checkpoints_invalid``,
         ``_unavailable``, ``_commit_unknown``, ``_cancelled``, ``_error``), their total
         time, ``commit_unknown`` (deletes included), ``deletes``, ``cas_conflicts``,
-        ``wal_bytes`` and ``nats_requests``."""
+        ``wal_bytes`` and ``nats_requests``; gauges of the writer's cursor cache:
+        ``cursor_cache_threads`` and ``cursor_cache_bytes`` (what its snapshots weigh)."""
         return {
             **self._stats,
+            "cursor_cache_threads": len(self._writer.cursors),
+            "cursor_cache_bytes": self._writer.cursors.held_bytes,
             "commit_unknown": self._writer.commit_unknown,
             "cas_conflicts": self._writer.conflicts,
             "wal_bytes": self._writer.wal_bytes,

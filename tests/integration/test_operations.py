@@ -523,7 +523,7 @@ async def test_health_fails_when_nats_is_unreachable_or_the_consumer_missing(
     )
     by_name = {c.name: c for c in checks}
     assert by_name["nats"].status == "fail"
-    assert "not found" in by_name["nats"].detail
+    assert "does not exist" in by_name["nats"].detail
     assert by_name["postgres"].status == "skip"
 
     dead = store_config("nats://127.0.0.1:1")

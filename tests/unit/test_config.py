@@ -131,7 +131,7 @@ def test_every_setting_is_documented_with_its_variable() -> None:
 
 
 def test_raw_credentials_reach_nats_as_the_file_contents(tmp_path: Path) -> None:
-    from buffered_store.nats.wal import _credentials_option as credentials_option
+    from buffered_store.nats.connection import credentials_option
 
     raw = "-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n"
     assert str(credentials_option(EngineConfig(credentials=raw))) == raw

@@ -93,6 +93,12 @@ class NotesFormat:
     def state_after(self, state: int | None, entry: Note, *, owned: bool) -> int | None:
         return None if state is None else state + 1
 
+    def state_bytes(self, state: int) -> int:
+        return 8
+
+    def added_bytes(self, entry: Note) -> int:
+        return 0
+
 
 class NotesSink:
     """Each thread's texts and watermark, applied in seq order with no gap."""

@@ -6,7 +6,12 @@ import asyncio
 
 import pytest
 
-from buffered_store.errors import ConfigError, DatabaseUnavailableError, WalUnavailableError
+from buffered_store.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    WalAccessDeniedError,
+    WalUnavailableError,
+)
 from flusher.cli import start_patiently
 
 
@@ -45,3 +50,39 @@ async def test_stop_ends_the_wait() -> None:
         raise WalUnavailableError("no servers")
 
     assert await start_patiently(attempt, stop, "start", initial_s=10, max_s=10) is None
+
+
+async def test_stop_ends_an_attempt_that_never_returns() -> None:
+    # A connection attempt that hangs (a server that accepts but never answers, or a
+    # client retrying on its own) must not keep SIGTERM waiting.
+    stop = asyncio.Event()
+    cancelled = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def attempt() -> str:
+        entered.set()
+        try:
+            await asyncio.Future()  # never done
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    starting = asyncio.ensure_future(start_patiently(attempt, stop, "start"))
+    await entered.wait()
+    stop.set()
+    assert await starting is None
+    assert cancelled.is_set()
+
+
+async def test_refused_credentials_are_not_retried() -> None:
+    calls = 0
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        raise WalAccessDeniedError("NATS refused the credentials")
+
+    with pytest.raises(WalAccessDeniedError):
+        await start_patiently(attempt, asyncio.Event(), "start", initial_s=0.001, max_s=0.001)
+    assert calls == 1

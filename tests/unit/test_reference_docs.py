@@ -43,7 +43,7 @@ def error_classes() -> dict[str, type[StoreError]]:
 
 def logged_actions() -> set[str]:
     """Event names in the code: ``{"action": "name", ...}`` dicts (the ``extra`` of a log
-    call) and ``_log_event("name")`` (the NATS connection callbacks of wal.py)."""
+    call)."""
     actions: set[str] = set()
     for folder in SOURCE_FOLDERS:
         for path in (ROOT / folder).rglob("*.py"):
@@ -57,14 +57,6 @@ def logged_actions() -> set[str]:
                             and isinstance(value.value, str)
                         ):
                             actions.add(value.value)
-                elif (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id == "_log_event"
-                    and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                ):
-                    actions.add(str(node.args[0].value))
     return actions
 
 
