@@ -19,8 +19,10 @@ from flusher.stats import FlusherStats
 log = logging.getLogger("flusher.intake")
 
 BUSY_FETCH_TIMEOUT_S = 0.05
-"""Longest fetch once the window is over while the previous cycle still runs: short, so
-the next cycle starts soon after that one ends (at most this late)."""
+"""How long a window that is over waits at a time for the previous cycle to end: short,
+so the next cycle starts soon after that one ends (at most this late)."""
+FILL_CHECK_S = 0.05
+"""How often a filling window looks whether a whole batch is waiting (no request)."""
 
 
 class Intake:
@@ -80,41 +82,66 @@ class Intake:
     async def collect(
         self, should_stop: Callable[[], bool], busy: Callable[[], bool] = lambda: False
     ) -> None:
-        """Fetch messages into `in_hand` during one collection window of `flush_interval_s`.
+        """Fetch messages into `in_hand` for one collection window of `flush_interval_s`.
 
-        The window ends early when `flush_batch_size` messages are in hand or when
-        `should_stop()` turns true (what is in hand is still returned, to be flushed).
-        While `busy()` (the previous cycle still applies, so the next one could not start
-        anyway) it goes on past `flush_interval_s`, with fetches of at most
-        `BUSY_FETCH_TIMEOUT_S`: a slow commit makes the next batch bigger instead of
-        older. Each fetch is capped at `fetch_timeout_s`, because a single fetch may
-        stall for its whole timeout. A fetch error after some messages arrived ends the
-        window with those (the subscription is re-created next time); before any arrived
-        it propagates, so the caller backs off.
+        One fetch waits for the window's first messages (capped at `fetch_timeout_s`: a
+        single fetch may stall for its whole timeout). The window then fills without
+        requests (the subscription's open pull request delivers what arrives) and is
+        drained at its end in one more fetch, so a window costs the server one or two
+        pull requests however many messages it holds. It ends early when
+        `flush_batch_size` messages are waiting or when `should_stop()` turns true (what
+        is in hand is still returned, to be flushed). While `busy()` (the previous cycle
+        still applies, so the next one could not start anyway) it goes on past
+        `flush_interval_s`: a slow commit makes the next batch bigger instead of older.
+        A fetch error after some messages arrived ends the window with those (the
+        subscription is re-created next time); before any arrived it propagates, so the
+        caller backs off.
 
         The messages stay in `in_hand` until the caller takes them with `take`.
         """
         if self._sub is None or self._stale or self._sub.stale:
             await self.open()
+        assert self._sub is not None
+        sub = self._sub
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.flush_interval_s
         batch_size = self.config.flush_batch_size
         msgs = self.in_hand
-        while len(msgs) < batch_size and not should_stop():
+        while not msgs and not should_stop():
             remaining = deadline - loop.time()
             if remaining < MIN_FETCH_TIMEOUT_S:
                 if not busy():
-                    break
+                    return  # an empty window: the caller asks again
                 remaining = BUSY_FETCH_TIMEOUT_S
-            try:
-                fetched = await self._fetch(batch_size - len(msgs), remaining)
-            except Exception:
-                if not msgs:
-                    raise
-                self.invalidate()
+            self._add(await self._fetch(batch_size, remaining))
+        while not should_stop() and len(msgs) < batch_size:
+            remaining = deadline - loop.time()
+            if remaining > 0:
+                if sub.waiting:  # delivered meanwhile: taking them costs no request
+                    self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
+                await asyncio.sleep(min(remaining, FILL_CHECK_S))
+            elif busy():
+                self._add(await self._fetch(batch_size - len(msgs), BUSY_FETCH_TIMEOUT_S))
+            else:
                 break
-            msgs.extend(fetched)
-            self.stats.fetched += len(fetched)
+        if len(msgs) < batch_size:
+            try:
+                self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
+            except Exception:
+                self.invalidate()  # keep what is in hand; subscribe again next time
+
+    def _add(self, fetched: list[Delivered]) -> None:
+        self.in_hand.extend(fetched)
+        self.stats.fetched += len(fetched)
+
+    @property
+    def subscription(self) -> Delivery | None:
+        """The current subscription (None before `open` and after `close`)."""
+        return self._sub
+
+    def queued(self) -> list[Delivered]:
+        """Messages delivered to the subscription and not fetched yet."""
+        return list(self._sub.queued()) if self._sub is not None else []
 
     def take(self) -> list[Delivered]:
         """Hand the collected messages over (the caller now settles them)."""

@@ -350,7 +350,9 @@ class Flusher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await running
             await self._runner_settler().all(
-                [Held(m) for m in intake.take()], Settle.NAK, self.config.requeue_delay_s
+                [Held(m) for m in [*intake.take(), *intake.queued()]],
+                Settle.NAK,
+                self.config.requeue_delay_s,
             )
             keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -430,13 +432,14 @@ class Flusher:
 
     async def _keepalive(self) -> None:
         """Send in-progress acks for held messages every ack_wait/3, those of the running
-        cycle and those collected for the next, so a slow apply or a database outage does
-        not get them redelivered to another flusher."""
+        cycle, those collected for the next and those delivered to the subscription and
+        not fetched yet, so a slow apply or a database outage does not get them
+        redelivered to another flusher."""
         assert self._runner is not None
         assert self._intake is not None
         while True:
             await asyncio.sleep(self.config.ack_wait_s / 3)
-            waiting = [Held(m) for m in self._intake.in_hand]
+            waiting = [Held(m) for m in [*self._intake.in_hand, *self._intake.queued()]]
             for held in [*self._runner.held, *waiting]:
                 if not held.settled:
                     with contextlib.suppress(Exception):

@@ -100,6 +100,16 @@ class Delivery(Protocol):
         """Up to `count` messages, waiting at most `timeout_s` (none arrived: empty)."""
         ...
 
+    @property
+    def waiting(self) -> int:
+        """How many messages `queued` holds."""
+        ...
+
+    def queued(self) -> Sequence[Delivered]:
+        """Messages already delivered to this subscription and not fetched yet (their
+        ack timers run, so a holder keeps them alive with the ones it fetched)."""
+        ...
+
     async def close(self) -> None:
         """Drop the subscription (best effort)."""
         ...

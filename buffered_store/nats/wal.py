@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import nats
@@ -44,11 +43,12 @@ from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import (
     ConfigError,
     ConflictError,
-    PayloadTooLargeError,
     StoreError,
     WalUnavailableError,
 )
 from buffered_store.nats.connection import Reconnect, open_client
+from buffered_store.nats.delivery import NatsDelivery
+from buffered_store.nats.errors import WRONG_LAST_SEQUENCE, translated
 
 log = logging.getLogger("buffered_store.nats.wal")
 T = TypeVar("T")
@@ -64,7 +64,6 @@ SCAN_CONSUMER_IDLE_S = 30.0
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
-WRONG_LAST_SEQUENCE = 10071
 KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
 """Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
 NO_RESPONDERS_FIRST_WAIT_S = 0.005
@@ -103,40 +102,6 @@ def may_appear(subject: str) -> bool:
     (`$JS.API.`) is answered by every server with JetStream enabled, so there it means
     JetStream is off, and the call fails at once."""
     return not subject.startswith("$JS.API.") or subject.startswith("$JS.API.DIRECT.GET.")
-
-
-@asynccontextmanager
-async def translated(what: str) -> AsyncIterator[None]:
-    """Re-raise nats/asyncio failures of `what` as our errors."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except jse.KeyWrongLastSequenceError as exc:
-        raise ConflictError(f"{what}: the key changed meanwhile") from exc
-    except jse.APIError as exc:
-        if exc.err_code == WRONG_LAST_SEQUENCE:
-            raise ConflictError(f"{what}: another entry was appended meanwhile") from exc
-        if isinstance(exc, jse.ServiceUnavailableError):
-            raise WalUnavailableError(f"{what}: JetStream unavailable ({exc})") from exc
-        raise StoreError(f"{what}: JetStream refused the request ({exc})") from exc
-    except (
-        TimeoutError,
-        nats.errors.TimeoutError,
-        nats.errors.ConnectionClosedError,
-        nats.errors.NoServersError,
-        nats.errors.NoRespondersError,
-        nats.errors.StaleConnectionError,
-        nats.errors.OutboundBufferLimitError,
-        jse.NoStreamResponseError,
-        ConnectionError,
-        OSError,
-    ) as exc:
-        raise WalUnavailableError(f"{what}: NATS unavailable ({type(exc).__name__})") from exc
-    except nats.errors.MaxPayloadError as exc:  # refused by the client: nothing was sent
-        raise PayloadTooLargeError(f"{what}: larger than the server accepts ({exc})") from exc
-    except nats.errors.Error as exc:  # refused by the client: invalid key, draining
-        raise StoreError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
 
 
 class ReplyInbox:
@@ -740,10 +705,12 @@ class NatsWal:
         """A pull subscription bound to the durable consumer."""
         reconnects = self.reconnects
         async with translated("bind to the flusher consumer"):
-            sub = await self._js.pull_subscribe_bind(
-                durable=self.config.consumer_name, stream=self.stream
+            return await NatsDelivery.open(
+                self._nc,
+                self.stream,
+                self.config.consumer_name,
+                lambda: self.reconnects != reconnects,
             )
-        return NatsDelivery(sub, lambda: self.reconnects != reconnects)
 
     # -- KV -----------------------------------------------------------------------------
 
@@ -838,77 +805,6 @@ class NatsBucket:
                 return list(await self._kv.keys())
             except jse.NoKeysError:
                 return []
-
-
-class NatsDelivered:
-    """A message delivered by the durable consumer (the engine's `Delivered`)."""
-
-    __slots__ = ("_msg", "data", "num_delivered", "stream_seq", "subject")
-
-    def __init__(self, msg: Msg) -> None:
-        self._msg = msg
-        meta = msg.metadata
-        self.subject: str = msg.subject
-        self.data: bytes = msg.data
-        self.stream_seq: int = int(meta.sequence.stream)
-        self.num_delivered: int = int(meta.num_delivered)
-
-    async def ack(self) -> None:
-        """Acknowledge it."""
-        async with translated("ack"):
-            await self._msg.ack()
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        """Have it delivered again, after `delay_s` when given."""
-        async with translated("nak"):
-            await self._msg.nak(delay=delay_s or None)
-
-    async def term(self) -> None:
-        """Never deliver it again."""
-        async with translated("term"):
-            await self._msg.term()
-
-    async def in_progress(self) -> None:
-        """Restart its ack timer."""
-        async with translated("in progress"):
-            await self._msg.in_progress()
-
-
-class NatsDelivery:
-    """A pull subscription bound to the durable consumer (the engine's `Delivery`).
-
-    Pull subscriptions must be created again after the client reconnected (nats.py
-    #504): the server forgets the outstanding pull requests of a dead connection, so
-    `stale` turns true once the client's reconnect counter moved.
-    """
-
-    def __init__(self, sub: JetStreamContext.PullSubscription, moved: Callable[[], bool]) -> None:
-        self._sub = sub
-        self._moved = moved
-
-    @property
-    def stale(self) -> bool:
-        """The connection was re-established since the subscription was made."""
-        return self._moved()
-
-    async def fetch(self, count: int, timeout_s: float) -> list[NatsDelivered]:
-        """Up to `count` messages within `timeout_s` (none arrived: empty)."""
-        try:
-            msgs = await self._sub.fetch(count, timeout=timeout_s)
-        except TimeoutError:  # nats.errors.TimeoutError derives from it
-            return []  # nothing arrived in time: the normal idle case
-        except Exception as exc:
-            async with translated("fetch from the flusher consumer"):
-                raise exc
-        async with translated("read the delivered messages' metadata"):
-            return [NatsDelivered(msg) for msg in msgs]
-
-    async def close(self) -> None:
-        """Unsubscribe (best effort: the connection may be gone)."""
-        try:
-            await self._sub.unsubscribe()
-        except Exception as exc:  # a dead subscription needs no cleanup
-            log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
 
 
 def _stored(raw: Any) -> StoredMsg:

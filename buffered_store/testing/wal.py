@@ -409,6 +409,15 @@ class MemoryDelivery:
         """`MemoryWal.reconnect()` was called since the subscription was made."""
         return self._wal.reconnects != self._reconnects
 
+    @property
+    def waiting(self) -> int:
+        """Always 0 (see `queued`)."""
+        return 0
+
+    def queued(self) -> list[MemoryDelivered]:
+        """None: the in-memory consumer hands messages over only when fetched."""
+        return []
+
     async def fetch(self, count: int, timeout_s: float) -> list[MemoryDelivered]:
         """Up to `count` messages: those available at once, else the first ones to become
         available (published, nak'ed, or past their ack wait) within `timeout_s`; none:

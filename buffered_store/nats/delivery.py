@@ -1,0 +1,222 @@
+"""The flusher's side of the durable consumer on NATS: pull requests into one inbox.
+
+nats-py's `fetch` sends a pull request per call (two when nothing is waiting) and waits
+for each message with its own timer. A flusher collecting a window message by message
+then costs the server a pull request and the client a timer per message. Here one pull
+request stays open for a whole window: the server pushes what arrives into the inbox
+(up to the request's batch, until it expires), a callback queues it, and `fetch` hands
+out what is queued; a new request goes out only once the previous one is over.
+
+The messages are nats-py's own `Msg` (their ack subject says where to ack), wrapped as
+the engine's `Delivered` (`NatsDelivered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import DEFAULT_PREFIX, Header
+
+from buffered_store.errors import StoreError, WalUnavailableError
+from buffered_store.nats.errors import translated
+
+log = logging.getLogger("buffered_store.nats.delivery")
+
+REQUEST_GRACE_S = 1.0
+"""A pull request whose end the server did not signal counts as over this long after it
+expired (its status message may have been lost with a connection)."""
+MIN_PULL_S = 0.5
+"""Shortest life of a waiting pull request (what arrives meanwhile is queued here)."""
+OVERLAP_S = 0.1
+"""A waiting pull request outlives the fetch that sent it by this much, so the fetch
+that drains a collection window at its end finds it open and sends nothing."""
+LINGER_AFTER_S = 0.02
+"""A fetch shorter than this takes what is there (one request) and never waits."""
+_OVER = frozenset({"404", "408"})
+"""Statuses that end a pull request normally (nothing more, or it expired)."""
+_HEARTBEAT = "100"
+
+
+class NatsDelivered:
+    """A message delivered by the durable consumer (the engine's `Delivered`)."""
+
+    __slots__ = ("_msg", "data", "num_delivered", "stream_seq", "subject")
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+        meta = msg.metadata
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+        self.stream_seq: int = int(meta.sequence.stream)
+        self.num_delivered: int = int(meta.num_delivered)
+
+    async def ack(self) -> None:
+        """Acknowledge it."""
+        async with translated("ack"):
+            await self._msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        """Have it delivered again, after `delay_s` when given."""
+        async with translated("nak"):
+            await self._msg.nak(delay=delay_s or None)
+
+    async def term(self) -> None:
+        """Never deliver it again."""
+        async with translated("term"):
+            await self._msg.term()
+
+    async def in_progress(self) -> None:
+        """Restart its ack timer."""
+        async with translated("in progress"):
+            await self._msg.in_progress()
+
+
+class NatsDelivery:
+    """The durable consumer's messages through one inbox (the engine's `Delivery`).
+
+    Pull subscriptions must be created again after the client reconnected (nats.py
+    #504): the server forgets the outstanding pull requests of a dead connection, so
+    `stale` turns true once the client's reconnect counter moved.
+    """
+
+    def __init__(self, nc: Client, stream: str, consumer: str, moved: Callable[[], bool]) -> None:
+        self._nc = nc
+        self._next = f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._inbox = nc.new_inbox()
+        self._moved = moved
+        self._sub: Subscription | None = None
+        self._queue: collections.deque[Msg] = collections.deque()
+        self._changed = asyncio.Event()
+        self._budget = 0
+        """Messages the open pull request may still deliver (0: none is open)."""
+        self._over_at = 0.0
+        """Loop time after which the open request counts as over anyway."""
+        self._refused = ""
+        self.requests = 0
+        """Pull requests sent."""
+
+    @classmethod
+    async def open(
+        cls, nc: Client, stream: str, consumer: str, moved: Callable[[], bool]
+    ) -> NatsDelivery:
+        """A delivery with its inbox subscribed."""
+        delivery = cls(nc, stream, consumer, moved)
+        delivery._sub = await nc.subscribe(
+            delivery._inbox, cb=delivery._on_msg, pending_msgs_limit=0, pending_bytes_limit=0
+        )
+        return delivery
+
+    @property
+    def stale(self) -> bool:
+        """The connection was re-established since the subscription was made."""
+        return self._moved()
+
+    @property
+    def waiting(self) -> int:
+        """How many messages `queued` holds."""
+        return len(self._queue)
+
+    def queued(self) -> list[NatsDelivered]:
+        """Messages delivered to this flusher and not fetched yet (their ack timers run:
+        a flusher keeps them alive as it keeps the messages it holds)."""
+        return [NatsDelivered(msg) for msg in self._queue]
+
+    async def fetch(self, count: int, timeout_s: float) -> list[NatsDelivered]:
+        """Up to `count` messages: those queued, else what the server has now, else the
+        first to arrive within `timeout_s` (none: empty)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not self._queue and not self._open(loop.time()):
+            # What is there now (the server says when it has sent all of it), then, if
+            # nothing was, one request that stays open and pushes what arrives.
+            await self._request(count, timeout_s, no_wait=True)
+            await self._until(lambda: bool(self._queue) or not self._budget, deadline)
+            if not self._queue and timeout_s >= LINGER_AFTER_S and loop.time() < deadline:
+                await self._request(count, deadline - loop.time() + OVERLAP_S, no_wait=False)
+        await self._until(lambda: bool(self._queue) or not self._open(loop.time()), deadline)
+        if self._refused:
+            refused, self._refused = self._refused, ""
+            raise WalUnavailableError(f"the flusher consumer refused a pull request: {refused}")
+        taken: list[NatsDelivered] = []
+        while self._queue and len(taken) < count:
+            taken.append(NatsDelivered(self._queue.popleft()))
+        return taken
+
+    async def close(self) -> None:
+        """Unsubscribe (best effort: the connection may be gone)."""
+        sub, self._sub = self._sub, None
+        if sub is None:
+            return
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:  # a dead subscription needs no cleanup
+            log.debug("unsubscribe failed: %r", exc, extra={"action": "unsubscribe_failed"})
+
+    def _open(self, now: float) -> bool:
+        if self._budget and now >= self._over_at:
+            self._budget = 0  # its end was never signalled: count it as over
+        return self._budget > 0
+
+    async def _request(self, count: int, timeout_s: float, *, no_wait: bool) -> None:
+        body: dict[str, object] = {"batch": count}
+        if no_wait:
+            body["no_wait"] = True
+            self._over_at = asyncio.get_running_loop().time() + REQUEST_GRACE_S
+        else:
+            # Open a while even for a short fetch: the next ones then find it open and
+            # send nothing (a flusher waiting for its cycle fetches every few tens of ms).
+            expires_s = max(timeout_s, MIN_PULL_S)
+            body["expires"] = int(expires_s * 1_000_000_000)
+            self._over_at = asyncio.get_running_loop().time() + expires_s + REQUEST_GRACE_S
+        self._budget = count
+        self.requests += 1
+        try:
+            await self._nc.publish(self._next, orjson.dumps(body), reply=self._inbox)
+        except Exception as exc:
+            self._budget = 0
+            async with translated("pull from the flusher consumer"):
+                raise exc
+
+    async def _until(self, ready: Callable[[], bool], deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while not ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get(Header.STATUS.value)
+        if status:
+            if status == _HEARTBEAT:
+                return
+            if status not in _OVER:
+                # 409: the consumer was deleted, its leader changed, too many waiting
+                # requests...; 503: nobody answers for the consumer.
+                self._refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}".strip()
+            self._budget = 0
+            self._changed.set()
+            return
+        self._queue.append(msg)
+        if self._budget:
+            self._budget -= 1
+        self._changed.set()
+
+
+def check_open(delivery: NatsDelivery | None) -> NatsDelivery:
+    """The delivery, or `StoreError` when it was closed."""
+    if delivery is None:
+        raise StoreError("the flusher's subscription is closed")
+    return delivery

@@ -1,0 +1,69 @@
+"""The flusher's subscription to the durable consumer on NATS: a collection window costs
+the server one or two pull requests however many messages it holds (nats-py's `fetch`
+sent one or two per call, and a flusher called it per message of a trickle), and
+messages delivered but not fetched yet are handed out by the next fetch, kept alive,
+and given back on stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.nats import NatsWal
+from buffered_store.nats.delivery import NatsDelivery
+from flusher.config import FlusherConfig
+from flusher.intake import Intake
+from flusher.stats import FlusherStats
+
+
+async def trickle(wal: NatsWal, subject: str, count: int, gap_s: float) -> None:
+    for i in range(count):
+        await wal.append(subject, f"m{i}".encode())
+        await asyncio.sleep(gap_s)
+
+
+async def test_a_window_of_a_trickle_costs_one_or_two_pull_requests(
+    config: BufferedStoreConfig,
+) -> None:
+    wal = await NatsWal.connect(config)
+    try:
+        fconfig = FlusherConfig.from_store_config(config).replace(flush_interval_s=0.6)
+        intake = Intake(wal, fconfig, FlusherStats())
+        await intake.open()
+        writing = asyncio.create_task(trickle(wal, f"{config.stream_name}.t.x", 20, 0.01))
+        await intake.collect(lambda: False)
+        await writing
+        delivery = intake.subscription
+        assert isinstance(delivery, NatsDelivery)
+        assert len(intake.take()) == 20  # the whole trickle, in one window
+        assert delivery.requests <= 2
+        await intake.close()
+    finally:
+        await wal.close()
+
+
+async def test_messages_delivered_meanwhile_are_fetched_next(config: BufferedStoreConfig) -> None:
+    wal = await NatsWal.connect(config)
+    try:
+        delivery = await wal.subscribe()
+        assert isinstance(delivery, NatsDelivery)
+        waiting = asyncio.create_task(delivery.fetch(10, 2.0))
+        await asyncio.sleep(0.05)  # the waiting pull request is out
+        for i in range(3):
+            await wal.append(f"{config.stream_name}.t.x", f"m{i}".encode())
+        first = await waiting
+        assert first  # the first to arrive, maybe more
+        deadline = asyncio.get_running_loop().time() + 5
+        while delivery.waiting + len(first) < 3:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        queued = delivery.queued()
+        assert [m.data for m in first + queued] == [b"m0", b"m1", b"m2"]
+        for msg in queued:
+            await msg.in_progress()  # kept alive as a flusher keeps what it holds
+        rest = await delivery.fetch(10, 0.01)
+        assert [m.data for m in rest] == [m.data for m in queued]
+        assert delivery.requests == 2  # the probe finding nothing, then the waiting one
+        await delivery.close()
+    finally:
+        await wal.close()
