@@ -54,6 +54,10 @@ class ConsumerState:
     """The stream's last seq."""
     messages: int
     """Messages the stream holds."""
+    first_seq: int = 0
+    """The stream's first seq (everything below was removed: trimmed or expired)."""
+    bytes: int = 0
+    """Bytes the stream holds, as the server counts them (payloads, subjects, headers)."""
 
 
 class Delivered(Protocol):
@@ -203,6 +207,11 @@ class Wal(Protocol):
 
     async def last_seq(self) -> int:
         """The stream's last seq (0: empty)."""
+        ...
+
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message with a stream seq below `seq`, in one request (the
+        flushers' trimming of flushed entries)."""
         ...
 
     # -- the durable consumer ---------------------------------------------------------------

@@ -284,11 +284,14 @@ class NatsWal:
             subjects=[stream_subjects(self.stream)],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=cfg.max_age_s,
+            max_age=cfg.max_age_s or 0.0,
+            max_bytes=cfg.wal_max_bytes or -1,
             duplicate_window=cfg.duplicate_window_s,
             num_replicas=cfg.replicas,
             allow_direct=True,
-            discard=DiscardPolicy.OLD,
+            # At `max_bytes` the server refuses new entries (`WalFullError`) instead of
+            # dropping the oldest, which may be unflushed.
+            discard=DiscardPolicy.NEW if cfg.wal_max_bytes else DiscardPolicy.OLD,
         )
 
     def _consumer_config(self) -> ConsumerConfig:
@@ -361,7 +364,9 @@ class NatsWal:
                 ("retention", have.retention, wanted.retention),
                 ("storage", have.storage, wanted.storage),
                 ("num_replicas", have.num_replicas, wanted.num_replicas),
-                ("max_age", have.max_age, wanted.max_age),
+                ("max_age", have.max_age or 0.0, wanted.max_age),
+                ("max_bytes", _unlimited(have.max_bytes), _unlimited(wanted.max_bytes)),
+                ("discard", _discard(have), _discard(wanted)),
                 ("duplicate_window", have.duplicate_window, wanted.duplicate_window),
                 ("allow_direct", bool(have.allow_direct), True),
             )
@@ -371,7 +376,9 @@ class NatsWal:
             raise ConfigError(
                 f"stream {self.stream!r} exists with a different configuration ("
                 + "; ".join(conflicts)
-                + "). Change the configuration to match, or update the stream deliberately."
+                + "). Change the configuration to match, or update the stream deliberately "
+                "(e.g. `nats stream edit " + self.stream + " --max-age 0` after an upgrade "
+                "from a version whose max_age_s was 7 days; see docs/operations.md)."
             )
 
     async def _ensure_bucket(self, bucket: str, *, history: int) -> KeyValue:
@@ -685,6 +692,13 @@ class NatsWal:
             info = await self._js.stream_info(self.stream)
         return int(info.state.last_seq)
 
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message below stream seq `seq` (one purge request)."""
+        if seq <= 1:
+            return
+        async with translated(f"trim the WAL below {seq}"):
+            await self._js.purge_stream(self.stream, seq=seq)
+
     async def consumer_state(self) -> ConsumerState:
         """The durable consumer's counters and the stream's last seq."""
         async with translated("read the flusher consumer"):
@@ -699,6 +713,8 @@ class NatsWal:
             ack_floor=int(consumer.ack_floor.stream_seq or 0) if consumer.ack_floor else 0,
             last_seq=int(stream.state.last_seq),
             messages=int(stream.state.messages),
+            first_seq=int(stream.state.first_seq),
+            bytes=int(stream.state.bytes),
         )
 
     async def subscribe(self) -> NatsDelivery:
@@ -805,6 +821,18 @@ class NatsBucket:
                 return list(await self._kv.keys())
             except jse.NoKeysError:
                 return []
+
+
+def _unlimited(value: int | None) -> int:
+    """A stream limit as the server reports it: -1 (or 0, or absent) means none."""
+    return -1 if value is None or value <= 0 else int(value)
+
+
+def _discard(config: StreamConfig) -> DiscardPolicy:
+    """The discard policy that matters: only a stream with a byte limit discards."""
+    if _unlimited(config.max_bytes) < 0:
+        return DiscardPolicy.OLD
+    return config.discard or DiscardPolicy.OLD
 
 
 def _stored(raw: Any) -> StoredMsg:

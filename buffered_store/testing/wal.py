@@ -215,7 +215,15 @@ class MemoryWal:
             ack_floor=consumer.ack_floor,
             last_seq=self._stream.last_seq,
             messages=len(self._stream.messages),
+            first_seq=self._stream.first_seq,
+            bytes=self._stream.bytes,
         )
+
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message below stream seq `seq` (one request)."""
+        await self._request(f"trim the WAL below {seq}")
+        self._stream.purge_below(seq)
+        self.server.notify()
 
     async def ensure_consumer(self) -> bool:
         """Create the durable consumer if it is missing; True when it had to be."""
