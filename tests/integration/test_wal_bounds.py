@@ -115,7 +115,8 @@ async def test_flushed_entries_leave_the_stream_after_the_retention_window(
 
     await eventually(trimmed, what="the flushed entries to be trimmed")
     stats = flusher.stats()
-    assert stats["trims"] >= 1 and stats["trimmed_messages"] >= 30
+    assert stats["trims"] >= 1
+    assert stats["trimmed_messages"] >= 30
     for thread_id in threads:
         assert await store.load_messages(thread_id) == model.messages[thread_id]
     # Writes on trimmed threads: a cached cursor (its expected stream seq was purged) and
@@ -166,7 +167,8 @@ async def test_a_write_after_unflushed_entries_expired_is_refused(
     await eventually(expired, timeout_s=10, what="the first entries to expire")
     with pytest.raises(WalEntriesExpiredError) as refused:
         await store.checkpoint(thread_id, [msg(thread_id, 9)], make_run(thread_id))
-    assert refused.value.latest_seq == 2 and refused.value.flushed_seq == 0
+    assert refused.value.latest_seq == 2
+    assert refused.value.flushed_seq == 0
     assert not refused.value.retriable
     fresh = await open_store(pg_inner, **settings)
     with pytest.raises(WalEntriesExpiredError):
