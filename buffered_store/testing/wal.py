@@ -184,7 +184,8 @@ class MemoryWal:
         # NatsWal: a short-lived consumer, created and deleted (fetches are no requests).
         await self._request(f"read WAL messages {first}..{last}", count=2)
         messages = self._stream.messages
-        return [messages[s] for s in range(max(1, first), min(last, self._stream.last_seq) + 1)]
+        seqs = range(max(1, first), min(last, self._stream.last_seq) + 1)
+        return [messages[s] for s in seqs if s in messages]
 
     async def last_seq(self) -> int:
         """The stream's last seq (0: empty)."""
