@@ -401,8 +401,8 @@ class Writer(Generic[E, H, S]):
         return WalEntriesExpiredError(
             f"thread {thread_id!r}: its entries after seq {flushed} up to {latest} were "
             "acknowledged but are no longer in the WAL and were never flushed (expired at "
-            "max_age_s, or removed); nothing was written. See docs/operations.md "
-            "(entries expired).",
+            "max_age_s, or removed); nothing was written. See docs/operations.md, "
+            "runbook: entries expiring before they are flushed.",
             thread_id=thread_id,
             flushed_seq=flushed,
             latest_seq=latest,
