@@ -173,7 +173,6 @@ FLUSHER = Family(
             "flusher_dropped_unrecorded",
             "Undecodable messages dropped without a quarantine record.",
         ),
-        _c("mark_failures", "flusher_mark_failures", "KV flushed marks that could not be raised."),
         _c("nats_errors", "flusher_nats_errors", "Failed fetches or settles."),
         _c("resubscribes", "flusher_resubscribes", "Pull subscriptions re-created."),
         _c(
@@ -214,6 +213,15 @@ FLUSHER = Family(
             "wal_max_bytes",
             "flusher_wal_max_bytes",
             "The configured wal_max_bytes (0: no limit); writes are refused at it.",
+        ),
+        *(
+            _c(
+                f"cpu_{stage}_s",
+                "flusher_stage_cpu_seconds",
+                "CPU seconds of the flusher's cycles, by stage (decode, apply, settle).",
+                stage=stage,
+            )
+            for stage in ("decode", "apply", "settle")
         ),
         _g(
             "cpu_per_entry_s",
