@@ -154,7 +154,8 @@ class Trimmer:
         stats.wal_first_seq = state.first_seq
         settled = self.history.settled(now, self.config.retain_flushed_s)
         keep = plan_keep(state, settled_floor=settled, max_bytes=self.config.wal_max_bytes)
-        if keep <= state.first_seq:
+        first = max(state.first_seq, 1)  # an empty stream may report 0
+        if keep <= first:
             return 0
         # Read after the consumer: a message terminated before that read was recorded in
         # the quarantine before it was terminated.
@@ -165,11 +166,11 @@ class Trimmer:
             max_bytes=self.config.wal_max_bytes,
             protected=protected,
         )
-        if keep <= state.first_seq:
+        if keep <= first:
             return 0
         await self.wal.purge_below(keep)
         stats.trims += 1
-        stats.trimmed_messages += keep - state.first_seq
+        stats.trimmed_messages += keep - first
         log.debug(
             "trimmed the WAL below %d",
             keep,

@@ -71,3 +71,12 @@ async def test_the_trimmer_purges_flushed_entries_and_keeps_quarantined_ones() -
     assert [m.seq for m in await wal.read_range(1, 10)] == [9, 10]
     assert stats.trims == 2
     assert stats.trim_runs == 3
+
+
+async def test_an_empty_stream_is_not_purged() -> None:
+    config = EngineConfig(retain_flushed_s=0.001)
+    wal = MemoryWal(config, MemoryJetStream())
+    stats = FlusherStats()
+    trimmer = Trimmer(wal, config, stats, monotonic=lambda: 10.0)
+    assert await trimmer.run_once() == 0
+    assert stats.trims == 0
