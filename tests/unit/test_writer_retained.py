@@ -35,7 +35,9 @@ async def test_a_partly_removed_unflushed_thread_refuses_once_its_oldest_entry_m
     run = make_run("a")
     receipts = [await store.checkpoint("a", chat(n), run) for n in (1, 2, 3)]
     # An operator (or expiry) removes the first two entries, never flushed.
-    await store.wal.purge_below(receipts[2].stream_seq)
+    third = receipts[2].stream_seq
+    assert third is not None
+    await store.wal.purge_below(third)
     clock.now += timedelta(seconds=30)
     await store.checkpoint("a", chat(4), run)  # far from the age limit: not looked at
     clock.now += timedelta(seconds=600)
