@@ -173,7 +173,10 @@ class Flusher:
             self._poller = asyncio.create_task(self._poll_backlog(), name=f"{self.name}-backlog")
         if self.config.trim_interval_s > 0:
             self._trimming = asyncio.create_task(
-                self._trim_loop(Trimmer(wal, self.config, self._stats)), name=f"{self.name}-trim"
+                self._trim_loop(
+                    Trimmer(wal, self.config, self._stats, target=self._target, fmt=self._fmt)
+                ),
+                name=f"{self.name}-trim",
             )
         log.info(
             "flusher started",

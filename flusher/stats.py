@@ -129,6 +129,8 @@ class FlusherStats:
     """Bytes the WAL stream holds, at the last trim run."""
     wal_max_bytes: int = 0
     """The configured `wal_max_bytes` (0: no limit): alert before `wal_bytes` reaches it."""
+    hot_records_forgotten: int = 0
+    """Hot records of idle, flushed threads removed from the hot bucket."""
     wal_first_seq: int = 0
     """The stream's first seq at the last trim run."""
     flush_duration: Histogram = field(

@@ -20,6 +20,14 @@ When the stream nears `wal_max_bytes` (`PRESSURE`), the window is given up and t
 stream is trimmed to the current ack floor, so writes refused with `WalFullError` work
 again as soon as the flushers have drained, not `retain_flushed_s` later.
 
+The hot bucket is bounded the same way (`Trimmer.forget_idle`): the hot record of a
+thread idle for `hot_idle_s` (7 days), flushed up to it (deleted threads included: the
+inner store's tombstone keeps the watermark) and with no entry left on its subject is
+removed, marker included. Nothing needed it: reads find such a thread in the inner
+store, and its next writer seeds its cursor from there (one read of the thread), as for
+a thread the WAL never saw. The least recently written records are looked at first,
+`HOT_GC_BATCH` per pass.
+
 The decisions are pure (`FloorHistory`, `plan_keep`); `Trimmer` only awaits.
 """
 
@@ -29,15 +37,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
-from buffered_store.config import EngineConfig
+from buffered_store.engine.entries import Format
+from buffered_store.engine.flushing import FlushSink
+from buffered_store.engine.keys import decode_token, wal_subject
 from buffered_store.engine.ports import ConsumerState, Wal
+from buffered_store.errors import CorruptEntryError, StoreError
+from flusher.config import FlusherConfig
 from flusher.stats import FlusherStats
 
 log = logging.getLogger("flusher.trim")
 
+HOT_GC_BATCH = 256
+"""Least recently written hot records one pass of `Trimmer.forget_idle` looks at."""
+HOT_GC_MAX_INTERVAL_S = 60.0
+"""Longest pause between two such passes."""
 PRESSURE = 0.5
 """Share of `wal_max_bytes` past which the retention window of flushed entries is given
 up: the stream is trimmed to the ack floor at once."""
@@ -123,16 +140,23 @@ class Trimmer:
     def __init__(
         self,
         wal: Wal,
-        config: EngineConfig,
+        config: FlusherConfig,
         stats: FlusherStats,
         *,
+        target: FlushSink[Any] | None = None,
+        fmt: Format[Any, Any] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.wal = wal
         self.config = config
         self.stats = stats
+        self._target = target
+        self._fmt = fmt
         self._monotonic = monotonic
+        self._wall = wall
         self.history = FloorHistory()
+        self._next_gc = 0.0
 
     async def run_once(self) -> int:
         """Read the consumer, purge what has been flushed long enough; returns the first
@@ -141,7 +165,59 @@ class Trimmer:
         try:
             return await self._run()
         finally:
-            self.stats.trim_cpu_s += time.process_time() - started
+            try:
+                await self._maybe_forget_idle()
+            finally:
+                self.stats.trim_cpu_s += time.process_time() - started
+
+    async def _maybe_forget_idle(self) -> None:
+        idle_s = self.config.hot_idle_s
+        if not idle_s or self._target is None or self._fmt is None:
+            return
+        now = self._monotonic()
+        if now < self._next_gc:
+            return
+        self._next_gc = now + min(HOT_GC_MAX_INTERVAL_S, max(idle_s / 10, 0.1))
+        await self.forget_idle()
+
+    async def forget_idle(self) -> int:
+        """Remove the hot records of threads idle for `hot_idle_s`, flushed up to them and
+        with no entry left on their subjects (among the `HOT_GC_BATCH` least recently
+        written); returns how many were removed."""
+        assert self._target is not None
+        assert self._fmt is not None
+        oldest = await self.wal.hot_oldest("h.", HOT_GC_BATCH)
+        now = self._wall()
+        idle: dict[str, tuple[str, int, int]] = {}
+        for value in oldest:
+            if now - value.written_at < self.config.hot_idle_s:
+                break  # least recently written first: the rest are younger
+            try:
+                thread_id = decode_token(value.key[2:])
+                seq = self._fmt.decode_hot(value.value).seq
+            except (CorruptEntryError, StoreError, ValueError):
+                continue  # not ours to judge: kept
+            idle[thread_id] = (value.key, value.revision, seq)
+        if not idle:
+            return 0
+        flushed = await self._target.flushed_seqs(list(idle))
+        forgotten = 0
+        for thread_id, (key, revision, seq) in idle.items():
+            if flushed.get(thread_id, 0) < seq:
+                continue  # not flushed yet (a stopped flusher, a quarantined thread)
+            subject = wal_subject(self.config.stream_name, thread_id)
+            if await self.wal.last_on(subject) is not None:
+                continue  # entries still in the stream: a writer would walk them
+            if await self.wal.kv_forget(key, revision):
+                forgotten += 1
+        self.stats.hot_records_forgotten += forgotten
+        if forgotten:
+            log.debug(
+                "forgot the hot records of %d idle flushed threads",
+                forgotten,
+                extra={"action": "hot_records_forgotten"},
+            )
+        return forgotten
 
     async def _run(self) -> int:
         stats = self.stats

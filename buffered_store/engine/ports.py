@@ -31,6 +31,16 @@ class StoredMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class AgedValue:
+    """A hot key's value with its revision and when it was written (Unix seconds)."""
+
+    key: str
+    value: bytes
+    revision: int
+    written_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class KvValue:
     """A key's value with its revision (for compare-and-set)."""
 
@@ -253,6 +263,16 @@ class Wal(Protocol):
 
     async def kv_delete(self, key: str) -> None:
         """Delete a hot key."""
+        ...
+
+    async def hot_oldest(self, prefix: str, limit: int) -> list[AgedValue]:
+        """Live hot keys starting with `prefix`, least recently written first, at most
+        `limit` (fewer when the oldest revisions of the bucket belong to other keys)."""
+        ...
+
+    async def kv_forget(self, key: str, revision: int) -> bool:
+        """Remove a hot key whose last write is at `revision`, leaving no delete marker
+        behind (two requests); False, removing nothing, when it was written since."""
         ...
 
     async def hot_updates(self, prefix: str, from_seq: int) -> list[StoredMsg]:

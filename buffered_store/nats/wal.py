@@ -39,7 +39,7 @@ from nats.js.kv import KeyValue
 
 from buffered_store.config import EngineConfig
 from buffered_store.engine.keys import stream_subjects
-from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
+from buffered_store.engine.ports import AgedValue, ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import (
     ConfigError,
     ConflictError,
@@ -573,8 +573,51 @@ class NatsWal:
         async with translated(f"read WAL messages {first}..{last}"):
             return await self._scan_by_consumer(self.stream, None, max(1, first), "", last=last)
 
+    async def hot_oldest(self, prefix: str, limit: int) -> list[AgedValue]:
+        """The least recently written live hot keys under `prefix`: those among the
+        bucket stream's first `limit` seqs (one consumer delivering them in a batch)."""
+        stream = f"KV_{self.config.hot_bucket}"
+        head = self._hot_prefix
+        async with translated("scan the oldest hot records"):
+            info = await self._js.stream_info(stream)
+            first = max(1, int(info.state.first_seq or 1))
+            times: dict[int, float] = {}
+            found = await self._scan_by_consumer(
+                stream, f"{head}{prefix}>", first, head, last=first + limit - 1, times=times
+            )
+        return [AgedValue(m.subject, m.data, m.seq, times.get(m.seq, 0.0)) for m in found]
+
+    async def kv_forget(self, key: str, revision: int) -> bool:
+        """A purge marker written only if the key is still at `revision` (it removes the
+        key's value), then a purge of the bucket stream below it on that subject (it
+        removes the marker, and never a later write)."""
+        subject = self._hot_prefix + key
+        headers = {
+            "KV-Operation": "PURGE",
+            "Nats-Rollup": "sub",
+            EXPECTED_LAST_SUBJECT_SEQ: str(revision),
+        }
+        async with translated(f"forget {key}"):
+            try:
+                marker, _ = await self._js_publish(subject, b"", headers)
+            except jse.APIError as exc:
+                if exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc):
+                    return False
+                raise
+            await self._js.purge_stream(
+                f"KV_{self.config.hot_bucket}", seq=marker + 1, subject=subject
+            )
+        return True
+
     async def _scan_by_consumer(
-        self, stream: str, subject: str | None, from_seq: int, head: str, *, last: int = 0
+        self,
+        stream: str,
+        subject: str | None,
+        from_seq: int,
+        head: str,
+        *,
+        last: int = 0,
+        times: dict[int, float] | None = None,
     ) -> list[StoredMsg]:
         """The messages on `subject` (None: all) from `from_seq` to `last` (0: the
         stream's end), through an ephemeral in-memory consumer (deleted after; the server
@@ -595,13 +638,19 @@ class NatsWal:
         try:
             if not info.num_pending:
                 return []
-            return await self._pull_all(stream, info.name, from_seq, head, last)
+            return await self._pull_all(stream, info.name, from_seq, head, last, times)
         finally:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self._js.delete_consumer(stream, info.name)
 
     async def _pull_all(
-        self, stream: str, consumer: str, from_seq: int, head: str, last: int
+        self,
+        stream: str,
+        consumer: str,
+        from_seq: int,
+        head: str,
+        last: int,
+        times: dict[int, float] | None = None,
     ) -> list[StoredMsg]:
         """Drain an ack-less consumer through one inbox: pull requests of `SCAN_BATCH`
         answered into a subscription callback, no per-message waiting (a quarter of the
@@ -631,6 +680,8 @@ class NatsWal:
                 done = True
             elif msg.data:
                 found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
+                if times is not None:
+                    times[seq] = meta.timestamp.timestamp()
             if meta.num_pending == 0 or (last and seq >= last):
                 done = True
             if done or received >= wanted:

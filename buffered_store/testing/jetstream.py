@@ -138,6 +138,8 @@ class MemoryKv:
         self.last_seq = 0
         self.latest: dict[str, tuple[int, bytes | None]] = {}
         """Key -> (revision, value; None for a delete marker)."""
+        self.written_at: dict[str, float] = {}
+        """Key -> server time of its last write."""
 
     def get(self, key: str) -> tuple[int, bytes] | None:
         """(revision, value) of a live key, or None."""
@@ -151,15 +153,28 @@ class MemoryKv:
         found = self.latest.get(key)
         return found[0] if found else 0
 
-    def write(self, key: str, value: bytes | None, *, expected: int | None = None) -> int:
+    def write(
+        self, key: str, value: bytes | None, *, expected: int | None = None, now: float = 0.0
+    ) -> int:
         """Store a value (None: a delete marker), if the key's last message is at
         `expected` when given; the new revision."""
         if expected is not None and self.last_revision(key) != expected:
             raise ConflictError(f"update {key}: the key changed meanwhile")
         self.last_seq += 1
+        self.written_at[key] = now
         self.latest.pop(key, None)  # re-inserted last: dict order is revision order
         self.latest[key] = (self.last_seq, None if value is None else bytes(value))
         return self.last_seq
+
+    def forget(self, key: str, revision: int) -> bool:
+        """Remove the key and every trace of it (a purge marker, then the marker purged),
+        if its last message is at `revision`."""
+        if self.last_revision(key) != revision:
+            return False
+        self.last_seq += 1  # the marker's revision, purged at once
+        del self.latest[key]
+        self.written_at.pop(key, None)
+        return True
 
     def scan(self, prefix: str, from_seq: int) -> tuple[list[StoredMsg], int]:
         """Live keys under `prefix` (whole subject tokens: empty or ending with a dot)

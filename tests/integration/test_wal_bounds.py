@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from buffered_store.engine.keys import encode_token
 from buffered_store.errors import WalEntriesExpiredError, WalFullError
 from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_run
@@ -256,4 +257,47 @@ async def test_a_flusher_stopped_longer_than_the_retention_window_loses_nothing(
     await eventually(trimmed, what="the stream to be trimmed after the catch-up")
     wal = store.wal
     assert isinstance(wal, NatsWal)
+    await model.check(pg_inner)
+
+
+async def test_hot_records_of_idle_flushed_threads_are_removed(
+    open_store: StoreFactory, pg_inner: InnerStore, flushers: list[Flusher]
+) -> None:
+    """Item 4: the hot bucket keeps the threads in use. The hot records of threads idle
+    for `hot_idle_s`, flushed and trimmed (a deleted one too) go, delete markers
+    included; the threads read back from Postgres, and their next writes (a cached
+    cursor, a fresh instance, a re-created deleted thread) continue their seqs."""
+    store = await open_store(pg_inner, retain_flushed_s=0.3, drain_on_close=False)
+    model = Model()
+    idle, deleted, busy = tid("idle"), tid("deleted"), tid("busy")
+    for thread_id in (idle, deleted, busy):
+        for _ in range(3):
+            await model.checkpoint(store, thread_id)
+    await store.delete_thread(deleted)
+    del model.messages[deleted], model.seqs[deleted]
+    flusher = await start_flusher(flushers, pg_inner, store, hot_idle_s=1.5)
+    bucket = store.config.hot_bucket
+
+    async def hot_subjects() -> set[str]:
+        async with jetstream(store.config) as js:
+            info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.h.>")
+        return set(info.state.subjects or {})
+
+    async def only_busy_left() -> bool:
+        await model.checkpoint(store, busy)  # keeps one thread in use
+        await asyncio.sleep(0.2)
+        return len(await hot_subjects()) == 1
+
+    await eventually(only_busy_left, timeout_s=20, what="idle hot records to be removed")
+    assert flusher.stats()["hot_records_forgotten"] == 2
+    assert await store.wal.kv_get(f"h.{encode_token(idle)}") is None
+    assert await store.load_messages(idle) == model.messages[idle]
+    assert await store.load_thread(deleted) is None
+    assert await model.checkpoint(store, idle) == 4  # a cached cursor
+    fresh = await open_store(pg_inner, retain_flushed_s=0.3, drain_on_close=False)
+    assert await fresh.checkpoint(deleted, [msg(deleted, 0)], make_run(deleted)) is not None
+    model.messages[deleted] = [msg(deleted, 0)]
+    model.seqs[deleted] = 5  # after its three checkpoints and its delete
+    assert (await fresh.flush_status(deleted)).latest_seq == 5
+    await flusher.wait_idle(10)
     await model.check(pg_inner)

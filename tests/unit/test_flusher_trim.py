@@ -4,9 +4,9 @@ kept, one purge per run, nothing unflushed ever removed)."""
 
 from __future__ import annotations
 
-from buffered_store.config import EngineConfig
 from buffered_store.engine.ports import ConsumerState
 from buffered_store.testing import MemoryJetStream, MemoryWal
+from flusher.config import FlusherConfig
 from flusher.stats import FlusherStats
 from flusher.trim import FloorHistory, Trimmer, plan_keep, quarantined_floor
 
@@ -47,7 +47,7 @@ def test_the_kept_seq_never_passes_the_ack_floor_nor_a_quarantined_message() -> 
 
 async def test_the_trimmer_purges_flushed_entries_and_keeps_quarantined_ones() -> None:
     server = MemoryJetStream()
-    config = EngineConfig(retain_flushed_s=10.0)
+    config = FlusherConfig(retain_flushed_s=10.0)
     wal = MemoryWal(config, server)
     for n in range(10):
         await wal.append(f"{config.stream_name}.t.a{n % 3}", b"entry")
@@ -74,7 +74,7 @@ async def test_the_trimmer_purges_flushed_entries_and_keeps_quarantined_ones() -
 
 
 async def test_an_empty_stream_is_not_purged() -> None:
-    config = EngineConfig(retain_flushed_s=0.001)
+    config = FlusherConfig(retain_flushed_s=0.001)
     wal = MemoryWal(config, MemoryJetStream())
     stats = FlusherStats()
     trimmer = Trimmer(wal, config, stats, monotonic=lambda: 10.0)
