@@ -107,3 +107,33 @@ async def test_aput_on_a_full_wal_raises_wal_full_and_loses_nothing(
         latest = await saver.aget_tuple(cfg(thread_id))
         assert latest is not None
         assert latest.checkpoint["channel_values"]["n"] == acknowledged
+
+
+async def test_idle_langgraph_threads_leave_the_hot_bucket(lg_config: LangGraphConfig) -> None:
+    config = lg_config.replace(retain_flushed_s=0.3, drain_on_close=False)
+    flushing = FlusherConfig.from_store_config(config, trim_interval_s=0.2, hot_idle_s=1.0)
+    thread_id = f"lg-{uuid.uuid4().hex[:8]}"
+    bucket = config.hot_bucket
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        head = cfg(thread_id)
+        for step in range(1, 4):
+            head = await put(saver, head, step)
+        async with Flusher(saver.sink, flushing, fmt=LG_FORMAT, backlog_poll_s=0) as flusher:
+
+            async def forgotten() -> bool:
+                async with jetstream(config) as js:
+                    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.h.>")
+                return not info.state.subjects
+
+            await eventually(forgotten, timeout_s=20)
+            assert flusher.stats()["hot_records_forgotten"] == 1
+            latest = await saver.aget_tuple(cfg(thread_id))
+            assert latest is not None
+            assert latest.checkpoint["channel_values"]["n"] == 3
+            head = await put(saver, head, 4)
+            await flusher.wait_idle(10)
+        assert await saver.sink.flushed_seqs([thread_id]) == {thread_id: 4}
+    async with BufferedCheckpointSaver.connect(config) as other:
+        latest = await other.aget_tuple(cfg(thread_id))
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["n"] == 4
