@@ -203,6 +203,11 @@ FLUSHER = Family(
         ),
         _c("trim_failures", "flusher_trim_failures", "Trim runs that failed."),
         _c(
+            "hot_records_forgotten",
+            "flusher_hot_records_forgotten",
+            "Hot records of idle, flushed threads removed from the hot bucket.",
+        ),
+        _c(
             "trim_cpu_s",
             "flusher_trim_cpu_seconds",
             "CPU seconds of the process during trim runs (an upper bound).",
