@@ -15,11 +15,12 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from buffered_store.cli.common import nats_access, nats_url_option, require, run, store_options
+from buffered_store.config import ENV_PREFIX
 from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
@@ -28,6 +29,9 @@ from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
 from flusher.policy import backoff_s
 from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
+
+if TYPE_CHECKING:
+    from buffered_store.langgraph import LangGraphConfig
 
 log = logging.getLogger("flusher.cli")
 T = TypeVar("T")
@@ -57,6 +61,36 @@ def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     if nats_url:
         values["nats_url"] = nats_url
     return FlusherConfig.from_env(**values)
+
+
+def langgraph_config(nats_url: str | None, database_url: str | None) -> LangGraphConfig:
+    """The LangGraph front-end's configuration (``BUFSTORE_LG_*``) with the options given
+    to the current command applied. A `--database-url` given on the command line wins
+    over ``BUFSTORE_LG_DATABASE_URL``, which wins over ``$DATABASE_URL`` (which may be the
+    thread-run store's)."""
+    from buffered_store.langgraph import LangGraphConfig
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and database_url is not None:
+        source = ctx.get_parameter_source("database_url")
+        explicit = source is click.core.ParameterSource.COMMANDLINE
+        if not explicit and "BUFSTORE_LG_DATABASE_URL" in os.environ:
+            database_url = None
+    given: dict[str, Any] = {"nats_url": nats_url, "database_url": database_url}
+    given.update(nats_access())
+    return LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
+
+
+def langgraph_flusher_config(lg: LangGraphConfig, **overrides: Any) -> FlusherConfig:
+    """The flusher of the LangGraph front-end: the stream, consumer and bucket settings
+    are the saver's own (``BUFSTORE_LG_*``: ``max_age_s``, ``replicas``,
+    ``duplicate_window_s``, ``ack_wait_s``, ...), so it opens the objects the savers
+    created; the flusher's own knobs read ``BUFSTORE_LG_<FIELD>``, then
+    ``BUFSTORE_<FIELD>``. Overrides that are None are ignored."""
+    from buffered_store.langgraph.config import LG_ENV_PREFIX
+
+    given = {name: value for name, value in overrides.items() if value is not None}
+    return FlusherConfig.for_front_end(lg, env_prefixes=(LG_ENV_PREFIX, ENV_PREFIX), **given)
 
 
 @click.command("flusher", context_settings={"help_option_names": ["-h", "--help"]})
@@ -111,33 +145,16 @@ def flusher_command(
 ) -> None:
     """Drain the WAL into Postgres until SIGINT/SIGTERM, then stop with a drain."""
     setup_logging(log_level, log_format)
-    config = flusher_config(
-        nats_url,
-        consumer_name=consumer_name,
-        flush_interval_s=flush_interval_s,
-        flush_batch_size=flush_batch_size,
-    )
+    knobs = {
+        "consumer_name": consumer_name,
+        "flush_interval_s": flush_interval_s,
+        "flush_batch_size": flush_batch_size,
+    }
     if front_end == "langgraph":
-        from buffered_store.langgraph import LG_FORMAT, LangGraphConfig, LangGraphSink
+        from buffered_store.langgraph import LG_FORMAT, LangGraphSink
 
-        source = click.get_current_context().get_parameter_source("database_url")
-        explicit = source is click.core.ParameterSource.COMMANDLINE
-        if not explicit and "BUFSTORE_LG_DATABASE_URL" in os.environ:
-            database_url = None  # $DATABASE_URL may be the thread-run store's
-        given: dict[str, Any] = {"nats_url": nats_url, "database_url": database_url}
-        lg = LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
-        config = config.replace(
-            nats_url=lg.nats_url,
-            credentials=nats_access().get("credentials", lg.credentials),
-            tls_ca_file=nats_access().get("tls_ca_file", lg.tls_ca_file),
-            tls_cert_file=nats_access().get("tls_cert_file", lg.tls_cert_file),
-            tls_key_file=nats_access().get("tls_key_file", lg.tls_key_file),
-            connect_timeout_s=lg.connect_timeout_s,
-            stream_name=lg.stream_name,
-            hot_bucket=lg.hot_bucket,
-            quarantine_bucket=lg.quarantine_bucket,
-            consumer_name=consumer_name or lg.consumer_name,
-        )
+        lg = langgraph_config(nats_url, database_url)
+        config = langgraph_flusher_config(lg, **knobs)
         run(
             lambda: _serve(
                 config,
@@ -148,6 +165,7 @@ def flusher_command(
             )
         )
         return
+    config = flusher_config(nats_url, **knobs)
     url = require(database_url, "--database-url")
 
     def open_store() -> Awaitable[Any]:
