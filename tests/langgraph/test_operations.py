@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
@@ -126,3 +127,85 @@ async def test_langgraph_flusher_takes_the_stream_settings_of_bufstore_lg(
             code, err = await stop(flusher)
         assert code == 0, err[-2000:]
         assert "different configuration" not in err
+
+
+async def stream_tag(config: LangGraphConfig) -> str | None:
+    """The front-end the stream's metadata names (None: untagged)."""
+    import nats
+
+    from buffered_store.engine.frontend import tag_of
+
+    nc = await nats.connect(config.nats_url)
+    try:
+        info = await nc.jetstream().stream_info(config.stream_name)
+        return tag_of(info.config.metadata)
+    finally:
+        await nc.close()
+
+
+async def test_an_untagged_stream_is_judged_by_its_entries(lg_config: LangGraphConfig) -> None:
+    """Issue 24 item 7, streams made before the tag (or on a server that keeps no stream
+    metadata): a thread-run flusher finds LangGraph entries and refuses; the LangGraph
+    flusher finds its own, tags the stream and drains it."""
+    from buffered_store.errors import ConfigError
+    from buffered_store.langgraph import LG_FORMAT
+    from buffered_store.nats import NatsWal
+    from buffered_store.stores.memory import InMemoryThreadRunStore
+    from flusher import Flusher, FlusherConfig
+
+    config = lg_config.replace(drain_on_close=False)
+    old = await NatsWal.connect(config)  # what an older release created: no tag
+    await old.close()
+    assert await stream_tag(config) is None
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        seq = await put_steps(saver, "old-1", 2)
+        wrong = Flusher(
+            InMemoryThreadRunStore(),
+            FlusherConfig(nats_url=config.nats_url, stream_name=config.stream_name),
+            backlog_poll_s=0,
+        )
+        with pytest.raises(ConfigError, match=r"untagged, but its entry \d+ is of kind 'o'"):
+            await wrong.start()
+        assert await stream_tag(config) is None
+
+        async with Flusher(saver.sink, config, fmt=LG_FORMAT, backlog_poll_s=0):
+            assert await stream_tag(config) == "langgraph"
+            deadline = time.monotonic() + 30
+            while (await saver.sink.flushed_seqs(["old-1"]))["old-1"] < seq:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+        with pytest.raises(ConfigError, match=r"its metadata bufstore_front_end='langgraph'"):
+            await wrong.start()
+
+
+async def test_the_langgraph_flusher_process_refuses_a_thread_run_stream(
+    lg_config: LangGraphConfig,
+) -> None:
+    """Issue 24 item 7 the other way round, from the command line: ``bufstore flusher
+    --front-end langgraph`` on the thread-run store's stream exits 1 at once, saying
+    whose stream it is; the thread-run entries stay where they were."""
+    from buffered_store import BufferedThreadRunStore, InMemoryThreadRunStore, RunRecord
+    from buffered_store.config import BufferedStoreConfig
+
+    store_config = BufferedStoreConfig(
+        nats_url=lg_config.nats_url,
+        stream_name=lg_config.stream_name,
+        hot_bucket=lg_config.hot_bucket,
+        consumer_name="thread-flusher",
+    )
+    async with BufferedThreadRunStore.connect(InMemoryThreadRunStore(), store_config) as store:
+        run = RunRecord(run_id="tr-run", thread_id="tr-1", agent_id="a")
+        await store.checkpoint("tr-1", [{"role": "user", "content": "hi"}], run)
+        before = await store.wal.consumer_state()
+    flusher = await start_flusher(lg_env(lg_config), "--front-end", "langgraph")
+    try:
+        _, err_bytes = await asyncio.wait_for(flusher.communicate(), timeout=30)
+    finally:
+        if flusher.returncode is None:  # it started after all: the test fails below
+            flusher.kill()
+            await flusher.wait()
+    code, err = flusher.returncode, err_bytes.decode()
+    assert code == 1
+    assert f"stream {lg_config.stream_name!r} holds the threadrun front-end's entries" in err
+    assert "bufstore flusher --front-end threadrun" in err
+    assert before.num_pending == 1
