@@ -28,7 +28,16 @@ from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
 from flusher.policy import backoff_s
-from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
+from flusher.quarantine import (
+    BulkReplay,
+    QuarantineKind,
+    QuarantineRecord,
+    ReplayResult,
+    drop,
+    list_quarantine,
+    replay,
+    replay_all,
+)
 
 if TYPE_CHECKING:
     from buffered_store.langgraph import LangGraphConfig
@@ -300,12 +309,43 @@ def quarantine() -> None:
     """Inspect, replay or drop WAL messages the flusher quarantined."""
 
 
+front_end_option = click.option(
+    "--front-end",
+    type=click.Choice(["threadrun", "langgraph"]),
+    default="threadrun",
+    show_default=True,
+    help="Whose WAL: langgraph reads the LangGraph checkpointer's stream and buckets "
+    "(BUFSTORE_LG_* variables) and flushes into LangGraph's tables.",
+)
+bucket_option = click.option(
+    "--quarantine-bucket",
+    default=None,
+    help="Read the records of this bucket instead of the front-end's own (e.g. those a "
+    "flusher of another front-end wrote about this stream).",
+)
+
+
+def quarantine_config(
+    front_end: str, nats_url: str | None, database_url: str | None, bucket: str | None
+) -> FlusherConfig:
+    """The configuration the quarantine commands of `front_end` use."""
+    if front_end == "langgraph":
+        config = langgraph_flusher_config(langgraph_config(nats_url, database_url))
+    else:
+        config = flusher_config(nats_url)
+    return config.replace(quarantine_bucket=bucket) if bucket else config
+
+
 @quarantine.command("list")
 @nats_url_option
+@front_end_option
+@bucket_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def quarantine_list(nats_url: str | None, as_json: bool) -> None:
+def quarantine_list(
+    nats_url: str | None, front_end: str, quarantine_bucket: str | None, as_json: bool
+) -> None:
     """List quarantine records (threads first, then messages)."""
-    config = flusher_config(nats_url)
+    config = quarantine_config(front_end, nats_url, None, quarantine_bucket)
 
     async def main() -> list[QuarantineRecord]:
         wal = await NatsWal.connect(config, name="bufstore-quarantine")
@@ -339,56 +379,110 @@ def _describe(record: QuarantineRecord) -> str:
     )
 
 
-def _selector(stream_seq: int | None, thread_id: str | None) -> None:
-    if (stream_seq is None) == (thread_id is None):
-        raise click.UsageError("give --stream-seq or --thread-id (exactly one)")
+def _selector(stream_seq: int | None, thread_id: str | None, every: bool = False) -> None:
+    if (stream_seq is not None) + (thread_id is not None) + every != 1:
+        raise click.UsageError(
+            "give --stream-seq or --thread-id (exactly one)"
+            if not every and stream_seq is None and thread_id is None
+            else "give exactly one of --stream-seq, --thread-id or --all"
+        )
 
 
 @quarantine.command("replay")
 @store_options
+@front_end_option
+@bucket_option
 @click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
-@click.option("--thread-id", default=None, help="A quarantined thread.")
+@click.option("--thread-id", default=None, help="A quarantined thread (all its records).")
+@click.option("--all", "every", is_flag=True, help="Every quarantined thread, in bulk.")
 def quarantine_replay(
     nats_url: str | None,
     database_url: str | None,
     schema: str,
+    front_end: str,
+    quarantine_bucket: str | None,
     stream_seq: int | None,
     thread_id: str | None,
+    every: bool,
 ) -> None:
-    """Flush a quarantined thread into Postgres again, from its stored watermark."""
-    _selector(stream_seq, thread_id)
-    url = require(database_url, "--database-url")
-    config = flusher_config(nats_url)
+    """Flush quarantined threads into Postgres again, from their stored watermarks.
 
-    async def main() -> None:
-        from buffered_store.stores.postgres import PostgresThreadRunStore
+    --thread-id replays the thread and removes all its records; --all does so for every
+    thread with a record, one flush per thread, and lists the records it left (payloads
+    that are no entry of this front-end). Exit status 1 when a thread still fails.
+    """
+    _selector(stream_seq, thread_id, every)
+    config = quarantine_config(front_end, nats_url, database_url, quarantine_bucket)
+    fmt: Format[Any, Any] = FORMAT
+    if front_end == "langgraph":
+        from buffered_store.langgraph import LG_FORMAT, LangGraphSink
 
-        inner = await PostgresThreadRunStore.connect(url, schema=schema)
+        conninfo = langgraph_config(nats_url, database_url).conninfo
+        fmt = LG_FORMAT
+
+        def open_target() -> Awaitable[Any]:
+            return LangGraphSink.open(conninfo)
+
+    else:
+        url = require(database_url, "--database-url")
+
+        def open_target() -> Awaitable[Any]:
+            from buffered_store.stores.postgres import PostgresThreadRunStore
+
+            return PostgresThreadRunStore.connect(url, schema=schema)
+
+    async def main() -> list[ReplayResult] | BulkReplay:
+        target = await open_target()
         try:
-            wal = await NatsWal.connect(config, name="bufstore-quarantine")
+            wal = await NatsWal.connect(config, name="bufstore-quarantine", front_end=front_end)
             try:
-                thread_log = ThreadLog(wal, config, FORMAT)
-                result = await replay(thread_log, inner, stream_seq=stream_seq, thread_id=thread_id)
+                thread_log = ThreadLog(wal, config, fmt)
+                if every:
+                    return await replay_all(thread_log, target)
+                one = await replay(thread_log, target, stream_seq=stream_seq, thread_id=thread_id)
+                return [one]
             finally:
                 await wal.close()
         finally:
-            await inner.close()
+            await target.close()
+
+    outcome = run(main)
+    bulk = outcome if isinstance(outcome, BulkReplay) else BulkReplay(tuple(outcome))
+    for result in bulk.replayed:
         click.echo(
             f"thread {result.thread_id!r} flushed up to seq {result.flushed_seq}; "
             f"removed {len(result.removed)} record(s)"
         )
-
-    run(main)
+    for key, why in bulk.skipped:
+        click.echo(f"left {key}: {why}")
+    for failed_thread, error in bulk.failed:
+        click.echo(f"thread {failed_thread!r} still fails: {error}", err=True)
+    if every:
+        click.echo(
+            f"{len(bulk.replayed)} thread(s) replayed, {len(bulk.failed)} failed, "
+            f"{len(bulk.skipped)} record(s) left",
+            err=True,
+        )
+    if bulk.failed:
+        raise click.exceptions.Exit(1)
 
 
 @quarantine.command("drop")
 @nats_url_option
+@front_end_option
+@bucket_option
 @click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
 @click.option("--thread-id", default=None, help="A quarantined thread.")
-def quarantine_drop(nats_url: str | None, stream_seq: int | None, thread_id: str | None) -> None:
+def quarantine_drop(
+    nats_url: str | None,
+    front_end: str,
+    quarantine_bucket: str | None,
+    stream_seq: int | None,
+    thread_id: str | None,
+) -> None:
     """Forget quarantine records without flushing anything."""
     _selector(stream_seq, thread_id)
-    config = flusher_config(nats_url)
+    config = quarantine_config(front_end, nats_url, None, quarantine_bucket)
 
     async def main() -> list[str]:
         wal = await NatsWal.connect(config, name="bufstore-quarantine")

@@ -209,3 +209,59 @@ async def test_the_langgraph_flusher_process_refuses_a_thread_run_stream(
     assert f"stream {lg_config.stream_name!r} holds the threadrun front-end's entries" in err
     assert "bufstore flusher --front-end threadrun" in err
     assert before.num_pending == 1
+
+
+async def test_quarantine_replay_by_thread_and_in_bulk_for_langgraph(
+    lg_config: LangGraphConfig,
+) -> None:
+    """Issue 24 item 7, the recovery: every LangGraph entry quarantined as a payload that
+    is no entry (what a thread-run flusher on the saver's stream did: "'put' is not a
+    valid EntryKind"), plus one payload no front-end wrote. ``bufstore quarantine replay
+    --front-end langgraph`` flushes one thread with all its records (``--thread-id``),
+    then every other one (``--all``), one flush per thread instead of one call per
+    message, and leaves only the record that holds nothing."""
+    from buffered_store.engine.ids import utcnow
+    from buffered_store.engine.keys import thread_from_subject, wal_subject
+    from flusher.policy import Undecodable
+    from flusher.quarantine import Quarantine, undecodable_record
+
+    config = lg_config.replace(drain_on_close=False)
+    threads = ["rq-0", "rq-1", "rq-2"]
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        seqs = {t: await put_steps(saver, t, 3) for t in threads}
+        junk = await saver.wal.append(wal_subject(config.stream_name, "rq-1"), b"junk")
+        quarantine = Quarantine(saver.wal)
+        for msg in await saver.wal.read_range(1, junk):
+            reason = "'o' is not a valid EntryKind" if msg.seq != junk else "not JSON"
+            bad = Undecodable(reason, thread_from_subject(config.stream_name, msg.subject))
+            record = undecodable_record(
+                bad,
+                subject=msg.subject,
+                stream_seq=msg.seq,
+                data=msg.data,
+                deliveries=1,
+                now=utcnow(),
+            )
+            assert await quarantine.add_message(record)
+        records = len(await saver.wal.quarantine.keys())
+        assert records > 2 * len(threads)
+
+        env = lg_env(config)
+        code, out = await bufstore(
+            env, "quarantine", "replay", "--front-end", "langgraph", "--thread-id", "rq-0"
+        )
+        assert code == 0, out
+        assert f"thread 'rq-0' flushed up to seq {seqs['rq-0']}" in out
+        flushed = await saver.sink.flushed_seqs(threads)
+        assert flushed == {"rq-0": seqs["rq-0"], "rq-1": 0, "rq-2": 0}
+
+        code, out = await bufstore(env, "quarantine", "replay", "--front-end", "langgraph", "--all")
+        assert code == 0, out
+        assert "2 thread(s) replayed, 0 failed, 1 record(s) left" in out
+        assert f"left m.{junk}: not an entry of this front-end" in out
+        assert await saver.sink.flushed_seqs(threads) == seqs
+        assert await saver.wal.quarantine.keys() == [f"m.{junk}"]
+
+        code, out = await bufstore(env, "quarantine", "list", "--front-end", "langgraph")
+        assert code == 0, out
+        assert f"message {junk} on" in out
