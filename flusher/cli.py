@@ -12,14 +12,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from buffered_store.cli.common import nats_access, nats_url_option, require, run, store_options
+from buffered_store.cli.common import (
+    langgraph_config,
+    nats_access,
+    nats_url_option,
+    require,
+    run,
+    store_options,
+)
 from buffered_store.config import ENV_PREFIX
 from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
@@ -70,24 +76,6 @@ def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     if nats_url:
         values["nats_url"] = nats_url
     return FlusherConfig.from_env(**values)
-
-
-def langgraph_config(nats_url: str | None, database_url: str | None) -> LangGraphConfig:
-    """The LangGraph front-end's configuration (``BUFSTORE_LG_*``) with the options given
-    to the current command applied. A `--database-url` given on the command line wins
-    over ``BUFSTORE_LG_DATABASE_URL``, which wins over ``$DATABASE_URL`` (which may be the
-    thread-run store's)."""
-    from buffered_store.langgraph import LangGraphConfig
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None and database_url is not None:
-        source = ctx.get_parameter_source("database_url")
-        explicit = source is click.core.ParameterSource.COMMANDLINE
-        if not explicit and "BUFSTORE_LG_DATABASE_URL" in os.environ:
-            database_url = None
-    given: dict[str, Any] = {"nats_url": nats_url, "database_url": database_url}
-    given.update(nats_access())
-    return LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
 
 
 def langgraph_flusher_config(lg: LangGraphConfig, **overrides: Any) -> FlusherConfig:

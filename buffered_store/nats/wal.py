@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import nats
@@ -745,6 +746,23 @@ class NatsWal:
             last_seq=int(stream.state.last_seq),
             messages=int(stream.state.messages),
         )
+
+    async def consumer_activity(self) -> tuple[int, float | None]:
+        """(pull requests waiting on the durable consumer, seconds since it last
+        delivered a message or had one acknowledged; None: never): whether a flusher
+        consumes it, as the server sees it."""
+        async with translated("read the flusher consumer"):
+            info = await self._js.consumer_info(self.stream, self.config.consumer_name)
+        stamps = [
+            seq.last_active
+            for seq in (info.delivered, info.ack_floor)
+            if seq is not None and seq.last_active is not None
+        ]
+        idle = None
+        if stamps:
+            now = datetime.now(UTC)
+            idle = max(0.0, (now - max(stamps)).total_seconds())
+        return int(info.num_waiting or 0), idle
 
     async def subscribe(self) -> NatsDelivery:
         """A pull subscription bound to the durable consumer."""

@@ -424,6 +424,7 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
             ["OK", "nats"],
             ["OK", "backlog"],
             ["OK", "lag"],
+            ["OK", "flusher"],
             ["OK", "postgres"],
         ]
 
@@ -464,6 +465,7 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
                 "nats": "ok",
                 "backlog": "ok",
                 "lag": "fail",
+                "flusher": "ok",  # it runs, retrying against the stopped Postgres
                 "postgres": "skip",
             }
         finally:
@@ -540,6 +542,7 @@ async def test_health_fails_when_nats_is_unreachable_or_the_consumer_missing(
         "nats": "fail",
         "backlog": "skip",
         "lag": "skip",
+        "flusher": "skip",
         "postgres": "fail",
     }
 

@@ -265,3 +265,61 @@ async def test_quarantine_replay_by_thread_and_in_bulk_for_langgraph(
         code, out = await bufstore(env, "quarantine", "list", "--front-end", "langgraph")
         assert code == 0, out
         assert f"message {junk} on" in out
+
+
+async def test_status_and_health_know_the_langgraph_front_end(
+    lg_config: LangGraphConfig, pg_dsn: str
+) -> None:
+    """``bufstore status`` and ``health`` with ``--front-end langgraph`` read the saver's
+    stream and consumer (``BUFSTORE_LG_*``) and its watermarks in Postgres; health fails
+    while entries are pending and no flusher consumes them (nobody ever pulled, or nobody
+    pulled nor acked for ``--max-idle-s``), and passes while its flusher drains."""
+    import json
+
+    config = lg_config.replace(drain_on_close=False)
+    env = lg_env(config)
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        seqs = {t: await put_steps(saver, t, 2) for t in ("st-1", "st-2")}
+
+        code, out = await bufstore(env, "status", "--front-end", "langgraph", "--json")
+        assert code == 0, out
+        report = json.loads(out)
+        assert (report["front_end"], report["stream"]) == ("langgraph", config.stream_name)
+        assert report["pending_threads"] == 2
+        assert {r["thread_id"]: r["latest_seq"] for r in report["threads"]} == seqs
+
+        code, out = await bufstore(env, "health", "--front-end", "langgraph", "--json")
+        assert code == 1, out
+        checks = {c["name"]: c for c in json.loads(out)["checks"]}
+        assert checks["nats"]["status"] == "ok"
+        assert checks["flusher"]["status"] == "fail"
+        assert "no flusher consumes them" in checks["flusher"]["detail"]
+        assert "never active" in checks["flusher"]["detail"]
+
+        flusher = await start_flusher(env, "--front-end", "langgraph")
+        try:
+            for thread_id, seq in seqs.items():
+                await wait_flushed(saver, thread_id, seq, flusher)
+            code, out = await bufstore(
+                env, "health", "--front-end", "langgraph", "--database-url", pg_dsn
+            )
+            assert code == 0, out
+            assert "OK    postgres" in out
+            code, out = await bufstore(
+                env, "status", "--front-end", "langgraph", "--database-url", pg_dsn, "--json"
+            )
+            assert json.loads(out)["pending_threads"] == 0, out
+            # The flusher keeps a pull request waiting: pending entries are consumed.
+            await put_steps(saver, "st-3", 1)
+            code, out = await bufstore(env, "health", "--front-end", "langgraph")
+            assert code == 0, out
+        finally:
+            code, err = await stop(flusher)
+        assert code == 0, err[-2000:]
+
+        await put_steps(saver, "st-4", 1)  # no flusher any more
+        await asyncio.sleep(0.5)
+        code, out = await bufstore(env, "health", "--front-end", "langgraph", "--max-idle-s", "0.2")
+        assert code == 1, out
+        assert "FAIL  flusher" in out
+        assert "no pull request waiting, last delivery or ack" in out
