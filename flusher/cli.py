@@ -197,7 +197,9 @@ async def _serve(
         if metrics_port is not None:
             from buffered_store.metrics import StatsCollector, serve_metrics
 
-            sources = [flusher, inner] if callable(getattr(inner, "stats", None)) else [flusher]
+            # A front-end's sink exports the inner-store metrics through its `metrics`.
+            store = getattr(inner, "metrics", inner)
+            sources = [flusher, store] if callable(getattr(store, "stats", None)) else [flusher]
             metrics = serve_metrics(metrics_port, StatsCollector(sources))
             click.echo(f"metrics on http://0.0.0.0:{metrics.port}/metrics", err=True)
 

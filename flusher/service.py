@@ -122,6 +122,12 @@ class Flusher:
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
+    def front_end(self) -> str:
+        """The front-end whose WAL this flusher drains (its format's name; ``custom`` for
+        a format that names none): the ``front_end`` label of its metrics."""
+        return front_end_of(self._fmt) or "custom"
+
+    @property
     def running(self) -> bool:
         """Whether the drain loop runs."""
         return self._task is not None and not self._task.done()

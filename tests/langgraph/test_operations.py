@@ -323,3 +323,49 @@ async def test_status_and_health_know_the_langgraph_front_end(
         assert code == 1, out
         assert "FAIL  flusher" in out
         assert "no pull request waiting, last delivery or ack" in out
+
+
+async def test_langgraph_flusher_exports_the_inner_store_metrics_with_its_front_end(
+    lg_config: LangGraphConfig,
+) -> None:
+    """``bufstore flusher --front-end langgraph --metrics-port``: the flusher's metrics and
+    the inner-store ones (``bufstore_inner_*``) as the thread-run flusher exports them,
+    every sample labelled ``front_end="langgraph"``."""
+    import socket
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = lg_config.replace(drain_on_close=False)
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        seq = await put_steps(saver, "metrics-1", 3)
+        flusher = await start_flusher(
+            lg_env(config), "--front-end", "langgraph", "--metrics-port", str(port)
+        )
+        try:
+            await wait_flushed(saver, "metrics-1", seq, flusher)
+
+            def scrape() -> dict[tuple[str, str | None, str | None], float]:
+                with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                return {
+                    (s.name, s.labels.get("front_end"), s.labels.get("outcome")): s.value
+                    for f in text_string_to_metric_families(text)
+                    for s in f.samples
+                    if s.name.startswith("bufstore_")
+                }
+
+            samples = await asyncio.to_thread(scrape)
+        finally:
+            code, err = await stop(flusher)
+        assert code == 0, err[-2000:]
+    assert {front_end for _, front_end, _ in samples} == {"langgraph"}
+    applied = samples[("bufstore_flusher_entries_applied_total", "langgraph", None)]
+    assert applied >= 1
+    assert samples[("bufstore_inner_applied_entries_total", "langgraph", None)] == applied
+    assert samples[("bufstore_inner_transactions_total", "langgraph", None)] >= 1
+    assert samples[("bufstore_inner_round_trips_total", "langgraph", None)] >= 2
+    assert samples[("bufstore_inner_apply_outcomes_total", "langgraph", "applied")] >= 1
