@@ -177,10 +177,11 @@ class FrontEndView:
 
 
 def front_end_view(
-    front_end: str, nats_url: str | None, database_url: str | None, schema: str = "public"
+    front_end: str, nats_url: str | None, database_url: str | None, schema: str | None = None
 ) -> FrontEndView:
     """The configuration, entry format and watermark location of `front_end` for the
-    current command."""
+    current command (`schema` None: ``$BUFSTORE_SCHEMA`` or public)."""
+    schema = schema or os.environ.get("BUFSTORE_SCHEMA", "public")
     if front_end == "langgraph":
         from buffered_store.langgraph.entry import LG_FORMAT
 

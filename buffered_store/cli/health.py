@@ -1,8 +1,11 @@
-"""`bufstore health`: exit 0 when NATS and Postgres answer and the flush backlog and lag
-are under their thresholds, 1 otherwise; usable as a container probe.
+"""`bufstore health`: exit 0 when NATS and Postgres answer, the flush backlog and lag
+are under their thresholds and a flusher consumes the WAL, 1 otherwise; usable as a
+container probe. ``--front-end langgraph`` checks the LangGraph checkpointer's WAL.
 
 It measures what `bufstore status` reports (backlog from the consumer info; lag as the
-age of the oldest entry above its thread's flushed mark), but bounded, as a probe must
+age of the oldest entry above its thread's flushed mark or Postgres watermark; whether
+a pull request waits on the consumer and when it last delivered or saw an ack), but
+bounded, as a probe must
 be: a NATS connection that tries each server once and gives up at once when it is lost
 (``NatsWal.connect(setup="open", reconnect="probe")``: like `status`, it creates nothing
 and compares no setting with the caller's), and at most `SCAN_LIMIT` direct gets of the
