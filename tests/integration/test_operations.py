@@ -246,6 +246,7 @@ async def test_scrape_agrees_with_the_workload_and_with_postgres(
     assert {k for _, labels in samples for k, _ in labels} <= {
         "result",
         "outcome",
+        "stage",
         "le",
         "front_end",
     }
