@@ -89,12 +89,8 @@ async def test_timed_out_flush_all_names_what_it_did_and_status_does_not_stay_pe
         assert [row["thread_id"] for row in kv_only["threads"]] == ["c"]
 
         target.thread_id = ""  # answers again
-        assert await store.force_flush("c") == 1  # nothing to apply
-        # A flush no longer repairs a KV mark left behind (flushers raise none): the
-        # Postgres watermark is the figure, and status with the database reads it.
-        repaired = await collect_status(
-            config, limit=10, database_url=database_url, schema=schema_name
-        )
+        assert await store.force_flush("c") == 1  # nothing to apply: the mark catches up
+        repaired = await collect_status(config, limit=10)
         assert repaired["pending_threads"] == 0, repaired["threads"]
 
 
