@@ -36,6 +36,8 @@ FLUSHER_ENV_FIELDS = (
     "flush_interval_s",
     "flush_batch_size",
     "max_age_s",
+    "retain_flushed_s",
+    "wal_max_bytes",
 )
 
 
@@ -61,13 +63,16 @@ class FlusherProcess:
         profile_path: Path | None = None,
         interval_s: float = 0.25,
         front_end: str = "threadrun",
+        extra_env: dict[str, str] | None = None,
     ) -> FlusherProcess:
         """Start the worker and wait until its flusher runs. `front_end` "langgraph" drains
         the LangGraph checkpointer's WAL into LangGraph's tables at `database_url` (a libpq
-        URL; `schema` is then unused: the URL's search_path finds the tables)."""
+        URL; `schema` is then unused: the URL's search_path finds the tables). `extra_env`
+        sets more ``BUFSTORE_*`` variables of the worker (e.g. flusher-only settings)."""
         env = dict(os.environ)
         for name in FLUSHER_ENV_FIELDS:
             env["BUFSTORE_" + name.upper()] = str(getattr(config, name))
+        env.update(extra_env or {})
         args = [
             "-m",
             f"{PACKAGE}.flusher_worker",

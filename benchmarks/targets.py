@@ -5,6 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 DESIGN_TARGETS = {
+    # Issue 25: the WAL as a bounded buffer (DESIGN section 8), judged by `soak`.
+    "soak_flat": (
+        "WAL stream bytes under sustained writes with a flusher",
+        "flat after the first retention window",
+    ),
+    "soak_trim_cpu": (
+        "CPU of trimming flushed entries from the WAL",
+        "under 2% of the flusher's CPU",
+    ),
     "pg_tx": (
         "Postgres transactions per checkpoint, 64 hot threads x 20/s: buffered vs direct",
         "at least 10x fewer",

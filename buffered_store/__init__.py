@@ -25,6 +25,8 @@ from buffered_store.errors import (
     StoreError,
     ThreadOwnershipError,
     ValidationError,
+    WalEntriesExpiredError,
+    WalFullError,
     WalUnavailableError,
 )
 from buffered_store.threadrun.protocol import ThreadRunStore
@@ -74,6 +76,8 @@ __all__ = [
     "ThreadOwnershipError",
     "ThreadRunStore",
     "ValidationError",
+    "WalEntriesExpiredError",
+    "WalFullError",
     "WalUnavailableError",
 ]
 

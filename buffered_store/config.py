@@ -56,8 +56,18 @@ class EngineConfig:
     hot_bucket: str = "thread-hot"
     quarantine_bucket: str = "thread-quarantine"
     consumer_name: str = "thread-flusher"
-    max_age_s: float = 7 * 24 * 3600.0
-    """How long WAL entries are kept after being written (flushed or not)."""
+    max_age_s: float | None = None
+    """Age after which the server drops a WAL entry, flushed or not (None, the default:
+    never). An opt-in safety net only: an entry still unflushed at that age is lost, and
+    the next write on its thread is refused (`WalEntriesExpiredError`). Flushed entries
+    leave the stream after `retain_flushed_s` anyway."""
+    retain_flushed_s: float = 300.0
+    """How long a flushed entry stays in the stream after its flush (then the flushers
+    trim it): the window a read that started before that flush needs to find it."""
+    wal_max_bytes: int | None = None
+    """Most bytes the WAL stream may hold (None, the default: no limit). When the
+    unflushed backlog fills it, writes are refused with `WalFullError` (retriable) and
+    nothing acknowledged is lost; flushers trim flushed entries early under pressure."""
     duplicate_window_s: float = 120.0
     """Window in which a retried publish with the same `Nats-Msg-Id` is deduplicated."""
     replicas: int = 1
@@ -92,8 +102,18 @@ class EngineConfig:
             raise ConfigError("stream_name must not contain '-' (it is a subject token)")
         if not self.nats_url:
             raise ConfigError("nats_url must not be empty")
+        if self.max_age_s is not None and not self.max_age_s > 0:
+            raise ConfigError(f"max_age_s must be positive or None, got {self.max_age_s!r}")
+        if self.wal_max_bytes is not None and (
+            isinstance(self.wal_max_bytes, bool)
+            or not isinstance(self.wal_max_bytes, int)
+            or self.wal_max_bytes < 1
+        ):
+            raise ConfigError(
+                f"wal_max_bytes must be a positive integer or None, got {self.wal_max_bytes!r}"
+            )
         positive = (
-            "max_age_s",
+            "retain_flushed_s",
             "duplicate_window_s",
             "flush_interval_s",
             "ack_wait_s",
@@ -107,7 +127,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.duplicate_window_s > self.max_age_s:
+        if self.max_age_s is not None and self.duplicate_window_s > self.max_age_s:
             raise ConfigError("duplicate_window_s must not exceed max_age_s")
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
             if getattr(self, name) == "":
@@ -222,6 +242,9 @@ def _parse(raw: str, hint: Any, name: str) -> Any:
             return int(text)
         if hint is float:
             return float(text)
+        optional = {int | None: int, float | None: float}.get(hint)
+        if optional is not None:
+            return None if text.lower() in ("", "none", "off") else optional(text)
         if hint is ReadConsistency:
             return ReadConsistency(text.lower())
         if text == "" and "None" in str(hint):

@@ -78,6 +78,36 @@ class WalAccessDeniedError(WalUnavailableError):
     retriable = False
 
 
+class WalFullError(StoreError):
+    """The WAL is full (`wal_max_bytes`): nothing was written. Retry once the flushers
+    have drained the backlog; nothing acknowledged before was lost."""
+
+    retriable = True
+
+
+class WalEntriesExpiredError(StoreError):
+    """Entries of the thread that were acknowledged are gone from the WAL without having
+    been flushed (they expired at `max_age_s`, or an operator removed them): nothing was
+    written, since a new entry could never be applied after them.
+
+    `thread_id` names the thread, `flushed_seq` is where the inner store holds it and
+    `latest_seq` the last seq that was acknowledged.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        thread_id: str = "",
+        flushed_seq: int = 0,
+        latest_seq: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.flushed_seq = flushed_seq
+        self.latest_seq = latest_seq
+
+
 class DatabaseUnavailableError(BackendUnavailableError):
     """The database could not be reached or did not answer in time."""
 

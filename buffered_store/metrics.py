@@ -106,6 +106,7 @@ STORE = Family(
         _c("checkpoints_ok", "store_checkpoints", _CHECKPOINTS, result="ok"),
         _c("checkpoints_invalid", "store_checkpoints", _CHECKPOINTS, result="invalid"),
         _c("checkpoints_unavailable", "store_checkpoints", _CHECKPOINTS, result="unavailable"),
+        _c("checkpoints_wal_full", "store_checkpoints", _CHECKPOINTS, result="wal_full"),
         _c(
             "checkpoints_commit_unknown",
             "store_checkpoints",
@@ -194,6 +195,33 @@ FLUSHER = Family(
             "Cycles whose messages were fetched while the previous cycle applied.",
         ),
         _c("cpu_s", "flusher_cpu_seconds", "CPU seconds of the flusher's process while draining."),
+        _c(
+            "trim_runs", "flusher_trim_runs", "Looks at the WAL by the trimming of flushed entries."
+        ),
+        _c("trims", "flusher_trims", "Purge requests trimming flushed entries from the WAL."),
+        _c(
+            "trimmed_messages",
+            "flusher_trimmed_messages",
+            "Stream seqs purged by trimming (an upper bound on messages removed).",
+        ),
+        _c("trim_failures", "flusher_trim_failures", "Trim runs that failed."),
+        _c(
+            "hot_records_forgotten",
+            "flusher_hot_records_forgotten",
+            "Hot records of idle, flushed threads removed from the hot bucket.",
+        ),
+        _c(
+            "trim_cpu_s",
+            "flusher_trim_cpu_seconds",
+            "CPU seconds of the process during trim runs (an upper bound).",
+        ),
+        _g("wal_messages", "flusher_wal_messages", "Messages the WAL stream holds."),
+        _g("wal_bytes", "flusher_wal_bytes", "Bytes the WAL stream holds."),
+        _g(
+            "wal_max_bytes",
+            "flusher_wal_max_bytes",
+            "The configured wal_max_bytes (0: no limit); writes are refused at it.",
+        ),
         *(
             _c(
                 f"cpu_{stage}_s",

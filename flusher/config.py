@@ -46,6 +46,15 @@ class FlusherConfig(EngineConfig):
     """Longest wait between fetch attempts while JetStream misbehaves."""
     drain_timeout_s: float = 30.0
     """How long `stop(drain=True)` lets the current cycle finish before giving up."""
+    hot_idle_s: float = 7 * 24 * 3600.0
+    """A thread's hot record is removed once the thread has been idle this long, is
+    flushed up to it and has no entry left in the stream (deleted threads too): the hot
+    bucket keeps the threads in use, not every thread ever written. Its next writer
+    reads the thread from the inner store once. 0 keeps every hot record."""
+    trim_interval_s: float = 5.0
+    """Seconds between two looks at the stream by the trimming of flushed entries
+    (`flusher.trim`: two requests, plus a purge and a read of the quarantine when
+    something can go); 0 disables trimming in this flusher."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +73,18 @@ class FlusherConfig(EngineConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
+        if (
+            isinstance(self.trim_interval_s, bool)
+            or not isinstance(self.trim_interval_s, int | float)
+            or self.trim_interval_s < 0
+        ):
+            raise ConfigError(f"trim_interval_s must be >= 0, got {self.trim_interval_s!r}")
+        if (
+            isinstance(self.hot_idle_s, bool)
+            or not isinstance(self.hot_idle_s, int | float)
+            or self.hot_idle_s < 0
+        ):
+            raise ConfigError(f"hot_idle_s must be >= 0, got {self.hot_idle_s!r}")
         if self.fetch_timeout_s < MIN_FETCH_TIMEOUT_S:
             raise ConfigError(f"fetch_timeout_s must be at least {MIN_FETCH_TIMEOUT_S}")
         if not isinstance(self.max_rounds, int) or self.max_rounds < 1:

@@ -9,8 +9,9 @@ Records live in the KV bucket `EngineConfig.quarantine_bucket`:
   Entries of a thread after its culprit cannot apply without it, so they are quarantined
   too, while every other thread keeps flowing.
 
-Nothing is lost: WAL entries stay in the stream (limits retention) until `max_age`, so
-`replay` re-reads a thread's entries from its watermark and flushes them inline.
+Nothing is lost: the flushers' trimming never purges past the oldest stream seq a record
+names (`flusher.trim.quarantined_floor`), so `replay` re-reads a thread's entries from its
+watermark and flushes them inline (unless an opt-in `max_age_s` expired them).
 """
 
 from __future__ import annotations

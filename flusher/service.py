@@ -40,6 +40,7 @@ from flusher.intake import Intake
 from flusher.policy import Settle, backoff_s
 from flusher.quarantine import Quarantine
 from flusher.stats import FlusherStats
+from flusher.trim import Trimmer
 
 log = logging.getLogger("flusher")
 
@@ -97,7 +98,7 @@ class Flusher:
         self.name = name
         self._wal = wal
         self._owns_wal = wal is None
-        self._stats = FlusherStats()
+        self._stats = FlusherStats(wal_max_bytes=config.wal_max_bytes or 0)
         self._fmt: Format[Any, Any] = FORMAT if fmt is None else fmt
         if fmt is not None and not isinstance(inner, FlushSink):
             raise ConfigError(
@@ -109,6 +110,7 @@ class Flusher:
         self._intake: Intake | None = None
         self._task: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._trimming: asyncio.Task[None] | None = None
         self._backlog_poll_s = backlog_poll_s
         self._stop = asyncio.Event()
         self._tick = asyncio.Event()
@@ -183,6 +185,13 @@ class Flusher:
         self._task = asyncio.create_task(self._drain_loop(), name=f"{self.name}-loop")
         if self._backlog_poll_s > 0:
             self._poller = asyncio.create_task(self._poll_backlog(), name=f"{self.name}-backlog")
+        if self.config.trim_interval_s > 0:
+            self._trimming = asyncio.create_task(
+                self._trim_loop(
+                    Trimmer(wal, self.config, self._stats, target=self._target, fmt=self._fmt)
+                ),
+                name=f"{self.name}-trim",
+            )
         log.info(
             "flusher started",
             extra={"action": "flusher_started", "consumer": self.config.consumer_name},
@@ -220,10 +229,11 @@ class Flusher:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._poller
+        for helper in (self._poller, self._trimming):
+            if helper is not None:
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await helper
         if self._intake is not None:
             await self._intake.close()
         await self._close_wal()
@@ -285,6 +295,17 @@ class Flusher:
                 self._stats.backlog_poll_failures += 1
                 log.debug("backlog poll failed: %r", exc, extra={"action": "backlog_poll_failed"})
             await self._pause(self._backlog_poll_s)
+
+    async def _trim_loop(self, trimmer: Trimmer) -> None:
+        """Trim flushed entries from the stream every `trim_interval_s` until stopped."""
+        while not self._stop.is_set():
+            try:
+                await trimmer.run_once()
+            except Exception as exc:
+                # Nothing is lost by a missed trim: the next one purges the same and more.
+                self._stats.trim_failures += 1
+                log.debug("trimming the WAL failed: %r", exc, extra={"action": "trim_failed"})
+            await self._pause(self.config.trim_interval_s)
 
     async def _read_backlog(self) -> None:
         consumer = await self.wal.consumer_state()

@@ -111,6 +111,28 @@ class FlusherStats:
     """Unix time of the last successful poll (0: none yet)."""
     backlog_poll_failures: int = 0
     """Polls of the consumer that failed (the gauges keep their previous values)."""
+    trim_runs: int = 0
+    """Looks at the stream by the trimming of flushed entries (`flusher.trim`)."""
+    trims: int = 0
+    """Purge requests sent (each removes every flushed entry below a seq)."""
+    trimmed_messages: int = 0
+    """Stream seqs purged (an upper bound on messages removed)."""
+    trim_failures: int = 0
+    """Trim runs that failed (retried at the next interval; nothing is lost)."""
+    trim_cpu_s: float = 0.0
+    """CPU seconds of the process during trim runs (an upper bound of what trimming
+    costs: other tasks running during its awaits are counted too)."""
+    wal_messages: int = 0
+    """Messages the WAL stream holds (flushed ones in their retention window included),
+    at the last trim run."""
+    wal_bytes: int = 0
+    """Bytes the WAL stream holds, at the last trim run."""
+    wal_max_bytes: int = 0
+    """The configured `wal_max_bytes` (0: no limit): alert before `wal_bytes` reaches it."""
+    hot_records_forgotten: int = 0
+    """Hot records of idle, flushed threads removed from the hot bucket."""
+    wal_first_seq: int = 0
+    """The stream's first seq at the last trim run."""
     flush_duration: Histogram = field(
         default_factory=lambda: Histogram(FLUSH_DURATION_BUCKETS_S), metadata=_HISTOGRAM
     )

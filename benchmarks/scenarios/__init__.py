@@ -26,6 +26,7 @@ MODULES = {
     "curve": "curve",
     "writer-cpu": "writer_cpu",
     "langgraph": "langgraph_saver",
+    "soak": "soak",
 }
 
 

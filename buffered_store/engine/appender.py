@@ -28,8 +28,11 @@ from buffered_store.engine.threadlog import EntryCache, ThreadLog
 from buffered_store.errors import (
     CommitUnknownError,
     ConflictError,
+    DatabaseUnavailableError,
     PayloadTooLargeError,
     StoreError,
+    WalEntriesExpiredError,
+    WalFullError,
     WalUnavailableError,
 )
 
@@ -135,6 +138,10 @@ class Cursor(Generic[H, S]):
     on the subject (a writer's KV update was lost). Readers do not see them yet."""
     state_bytes: int | None = None
     """What `state` weighs (`WriteFormat.state_bytes`; None: not weighed yet)."""
+    expires_at: float = 0.0
+    """With `max_age_s` set: Unix time from which the thread's oldest entry that may be
+    unflushed can expire (0: unknown); the writer checks the thread's entries are all
+    still there before writing past it (`Writer.check_retained`)."""
 
 
 CURSOR_OVERHEAD_BYTES = 1024
@@ -263,6 +270,7 @@ class Writer(Generic[E, H, S]):
         fmt: WriteFormat[E, H, S],
         *,
         seed: Callable[[str], Awaitable[Seeded[H, S] | None]] | None = None,
+        watermark: Callable[[str], Awaitable[int]] | None = None,
         clock: Callable[[], datetime] = utcnow,
         background_hot: bool = False,
     ) -> None:
@@ -271,6 +279,8 @@ class Writer(Generic[E, H, S]):
         self.fmt = fmt
         self.log = ThreadLog(wal, config, fmt, cache=EntryCache(config.entry_cache_bytes))
         self._seed = seed
+        self._watermark = watermark
+        """The thread's flushed seq in the store behind the buffer (None: unknown)."""
         self._clock = clock
         self.cursors: CursorCache[H, S] = CursorCache(
             config.cursor_cache_threads, max_bytes=config.cursor_cache_bytes, weigh=fmt.state_bytes
@@ -326,6 +336,10 @@ class Writer(Generic[E, H, S]):
         claims = old.claims if old and (hot is None or hot.deleted_seq <= old.seq) else set()
         if last is None and hot is None:
             return await self._cold_cursor(thread_id, claims)
+        if hot is not None and hot.stream_seq and (last is None or last.seq < hot.stream_seq):
+            # The thread's last entry left the stream: trimmed once flushed (then the
+            # store holds it all), or expired or removed before (then it is lost).
+            await self._check_flushed(thread_id, hot.seq)
         state = self.fmt.known_state(
             hot, old.state if old is not None and hot is not None and old.seq == hot.seq else None
         )
@@ -353,6 +367,75 @@ class Writer(Generic[E, H, S]):
             claims = set()
         behind = hot is None or record.seq > hot.seq
         return Cursor(record.seq, last.seq, record, revision, state, claims, hot_behind=behind)
+
+    async def _check_flushed(self, thread_id: str, seq: int) -> None:
+        """Refuse (`WalEntriesExpiredError`) when the entries up to `seq` are gone from
+        the stream and the store behind the buffer does not hold them.
+
+        Without `max_age_s` only the flushers' trimming removes entries, and only flushed
+        ones: when the store cannot be asked, they were flushed.
+        """
+        if self._watermark is None:
+            return
+        try:
+            flushed = await self._flushed_seq(thread_id)
+        except StoreError:
+            if self.config.max_age_s is None:
+                return
+            raise
+        if flushed < seq:
+            raise self._expired(thread_id, flushed, seq)
+
+    async def _flushed_seq(self, thread_id: str) -> int:
+        """The store's watermark of the thread, within one request timeout."""
+        assert self._watermark is not None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                return await self._watermark(thread_id)
+        except TimeoutError as exc:
+            raise DatabaseUnavailableError(
+                f"thread {thread_id!r}: the flushed seq could not be read in time"
+            ) from exc
+
+    def _expired(self, thread_id: str, flushed: int, latest: int) -> WalEntriesExpiredError:
+        return WalEntriesExpiredError(
+            f"thread {thread_id!r}: its entries after seq {flushed} up to {latest} were "
+            "acknowledged but are no longer in the WAL and were never flushed (expired at "
+            "max_age_s, or removed); nothing was written. See docs/operations.md, "
+            "runbook: entries expiring before they are flushed.",
+            thread_id=thread_id,
+            flushed_seq=flushed,
+            latest_seq=latest,
+        )
+
+    async def check_retained(self, thread_id: str, cursor: Cursor[H, S]) -> None:
+        """With `max_age_s` set, make sure the thread's unflushed entries are all still in
+        the stream before appending after them (`WalEntriesExpiredError` if not).
+
+        Free until the oldest of them may expire (`Cursor.expires_at`); then one read of
+        the watermark and of the subject's first entry.
+        """
+        max_age_s = self.config.max_age_s
+        if max_age_s is None or self._watermark is None:
+            return
+        now = self._clock().timestamp()
+        margin_s = self.config.checkpoint_timeout_s + 1.0
+        if now + margin_s < cursor.expires_at:
+            return
+        flushed = await self._flushed_seq(thread_id)
+        if flushed >= cursor.seq:
+            cursor.expires_at = now + max_age_s  # later entries are younger
+            return
+        first: E | None = None
+        async for _, entry in self.log.walk(thread_id, 1):
+            if entry is not None:
+                first = entry
+                break
+        # Entries leave a subject oldest first: the chain above the watermark is whole
+        # when the oldest entry left is at or below it, or the next one of the chain.
+        if first is None or not (first.seq <= flushed or follows(first, flushed)):
+            raise self._expired(thread_id, flushed, cursor.seq)
+        cursor.expires_at = first.at.timestamp() + max_age_s
 
     async def _cold_cursor(self, thread_id: str, claims: set[str]) -> Cursor[H, S]:
         """The cursor of a thread the WAL has never seen (no entry, no hot record).
@@ -384,6 +467,7 @@ class Writer(Generic[E, H, S]):
         """
         cursor = await self.cursor(thread_id)
         for _ in range(MAX_CONFLICTS):
+            await self.check_retained(thread_id, cursor)
             entry, payload = build(cursor)
             if len(payload) > self.max_entry_bytes:
                 raise PayloadTooLargeError(
@@ -482,8 +566,10 @@ class Writer(Generic[E, H, S]):
                     msg_id=msg_id(thread_id, entry.seq),
                     expected_last_subject_seq=cursor.stream_seq,
                 )
-            except PayloadTooLargeError:
-                attempt.sent = resent  # refused by the client: this publish never left
+            except (PayloadTooLargeError, WalFullError):
+                # Refused by the client (too large: it never left) or by the server (full:
+                # nothing stored); an earlier attempt of this entry may still have landed.
+                attempt.sent = resent
                 raise
             except ConflictError:
                 # Servers check the expected sequence before deduplicating, so a retry of a
@@ -570,6 +656,7 @@ class Writer(Generic[E, H, S]):
             # Until `advance_hot` lands, readers of the KV do not see the entry yet.
             hot_behind=True,
             state_bytes=weight,
+            expires_at=base.expires_at,
         )
         self.cursors.put(thread_id, cursor)
         return cursor

@@ -31,6 +31,16 @@ class StoredMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class AgedValue:
+    """A hot key's value with its revision and when it was written (Unix seconds)."""
+
+    key: str
+    value: bytes
+    revision: int
+    written_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class KvValue:
     """A key's value with its revision (for compare-and-set)."""
 
@@ -54,6 +64,10 @@ class ConsumerState:
     """The stream's last seq."""
     messages: int
     """Messages the stream holds."""
+    first_seq: int = 0
+    """The stream's first seq (everything below was removed: trimmed or expired)."""
+    bytes: int = 0
+    """Bytes the stream holds, as the server counts them (payloads, subjects, headers)."""
 
 
 class Delivered(Protocol):
@@ -205,6 +219,11 @@ class Wal(Protocol):
         """The stream's last seq (0: empty)."""
         ...
 
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message with a stream seq below `seq`, in one request (the
+        flushers' trimming of flushed entries)."""
+        ...
+
     # -- the durable consumer ---------------------------------------------------------------
 
     async def tail_bounds(self) -> tuple[int, int]:
@@ -244,6 +263,16 @@ class Wal(Protocol):
 
     async def kv_delete(self, key: str) -> None:
         """Delete a hot key."""
+        ...
+
+    async def hot_oldest(self, prefix: str, limit: int) -> list[AgedValue]:
+        """Live hot keys starting with `prefix`, least recently written first, at most
+        `limit` (fewer when the oldest revisions of the bucket belong to other keys)."""
+        ...
+
+    async def kv_forget(self, key: str, revision: int) -> bool:
+        """Remove a hot key whose last write is at `revision`, leaving no delete marker
+        behind (two requests); False, removing nothing, when it was written since."""
         ...
 
     async def hot_updates(self, prefix: str, from_seq: int) -> list[StoredMsg]:

@@ -158,7 +158,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         # A write is acknowledged after its publish: the hot record follows in the
         # background, and reads look at the subject's last entry beside it.
         self._writer: Writer[LgEntry, LgHot, LgState] = Writer(
-            wal, config, LG_FORMAT, seed=self._seed, background_hot=True
+            wal, config, LG_FORMAT, seed=self._seed, watermark=self._watermark, background_hot=True
         )
         self._deltas = type(self.serde) is JsonPlusSerializer
         """Whether list values may be written as deltas: only with LangGraph's own
@@ -266,6 +266,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             raise StoreClosedError("the checkpoint saver is closed")
 
     # -- the write path ---------------------------------------------------------------
+
+    async def _watermark(self, thread_id: str) -> int:
+        """The thread's flushed seq in Postgres."""
+        return (await self.sink.flushed_seqs([thread_id]))[thread_id]
 
     async def _seed(self, thread_id: str) -> Seeded[LgHot, LgState] | None:
         try:

@@ -12,11 +12,16 @@ from buffered_store.errors import (
     ConflictError,
     PayloadTooLargeError,
     StoreError,
+    WalFullError,
     WalUnavailableError,
 )
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code of a publish whose expected last subject sequence failed."""
+STORE_FULL = (10077, 10023)
+"""JetStream's error codes of a publish refused for lack of room: the stream's
+``max_bytes`` reached with discard policy "new" (10077, "maximum bytes exceeded"),
+or the server's JetStream storage exhausted (10023, "insufficient resources")."""
 
 
 @asynccontextmanager
@@ -31,6 +36,11 @@ async def translated(what: str) -> AsyncIterator[None]:
     except jse.APIError as exc:
         if exc.err_code == WRONG_LAST_SEQUENCE:
             raise ConflictError(f"{what}: another entry was appended meanwhile") from exc
+        if exc.err_code in STORE_FULL:
+            raise WalFullError(
+                f"{what}: the WAL is full ({exc.description}); retry once the flushers "
+                "have drained it"
+            ) from exc
         if isinstance(exc, jse.ServiceUnavailableError):
             raise WalUnavailableError(f"{what}: JetStream unavailable ({exc})") from exc
         raise StoreError(f"{what}: JetStream refused the request ({exc})") from exc

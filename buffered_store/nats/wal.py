@@ -41,7 +41,7 @@ from nats.js.kv import KeyValue
 from buffered_store.config import EngineConfig
 from buffered_store.engine.frontend import FRONT_END_KEY, stream_metadata, tag_of, wrong_front_end
 from buffered_store.engine.keys import stream_subjects
-from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
+from buffered_store.engine.ports import AgedValue, ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import (
     ConfigError,
     ConflictError,
@@ -299,11 +299,14 @@ class NatsWal:
             subjects=[stream_subjects(self.stream)],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=cfg.max_age_s,
+            max_age=cfg.max_age_s or 0.0,
+            max_bytes=cfg.wal_max_bytes or -1,
             duplicate_window=cfg.duplicate_window_s,
             num_replicas=cfg.replicas,
             allow_direct=True,
-            discard=DiscardPolicy.OLD,
+            # At `max_bytes` the server refuses new entries (`WalFullError`) instead of
+            # dropping the oldest, which may be unflushed.
+            discard=DiscardPolicy.NEW if cfg.wal_max_bytes else DiscardPolicy.OLD,
             metadata=stream_metadata(self.front_end),
         )
 
@@ -384,7 +387,9 @@ class NatsWal:
                 ("retention", have.retention, wanted.retention),
                 ("storage", have.storage, wanted.storage),
                 ("num_replicas", have.num_replicas, wanted.num_replicas),
-                ("max_age", have.max_age, wanted.max_age),
+                ("max_age", have.max_age or 0.0, wanted.max_age),
+                ("max_bytes", _unlimited(have.max_bytes), _unlimited(wanted.max_bytes)),
+                ("discard", _discard(have), _discard(wanted)),
                 ("duplicate_window", have.duplicate_window, wanted.duplicate_window),
                 ("allow_direct", bool(have.allow_direct), True),
             )
@@ -394,7 +399,9 @@ class NatsWal:
             raise ConfigError(
                 f"stream {self.stream!r} exists with a different configuration ("
                 + "; ".join(conflicts)
-                + "). Change the configuration to match, or update the stream deliberately."
+                + "). Change the configuration to match, or update the stream deliberately "
+                "(e.g. `nats stream edit " + self.stream + " --max-age 0` after an upgrade "
+                "from a version whose max_age_s was 7 days; see docs/operations.md)."
             )
 
     def _check_front_end(self, have: StreamConfig) -> None:
@@ -612,8 +619,51 @@ class NatsWal:
         async with translated(f"read WAL messages {first}..{last}"):
             return await self._scan_by_consumer(self.stream, None, max(1, first), "", last=last)
 
+    async def hot_oldest(self, prefix: str, limit: int) -> list[AgedValue]:
+        """The least recently written live hot keys under `prefix`: those among the
+        bucket stream's first `limit` seqs (one consumer delivering them in a batch)."""
+        stream = f"KV_{self.config.hot_bucket}"
+        head = self._hot_prefix
+        async with translated("scan the oldest hot records"):
+            info = await self._js.stream_info(stream)
+            first = max(1, int(info.state.first_seq or 1))
+            times: dict[int, float] = {}
+            found = await self._scan_by_consumer(
+                stream, f"{head}{prefix}>", first, head, last=first + limit - 1, times=times
+            )
+        return [AgedValue(m.subject, m.data, m.seq, times.get(m.seq, 0.0)) for m in found]
+
+    async def kv_forget(self, key: str, revision: int) -> bool:
+        """A purge marker written only if the key is still at `revision` (it removes the
+        key's value), then a purge of the bucket stream below it on that subject (it
+        removes the marker, and never a later write)."""
+        subject = self._hot_prefix + key
+        headers = {
+            "KV-Operation": "PURGE",
+            "Nats-Rollup": "sub",
+            EXPECTED_LAST_SUBJECT_SEQ: str(revision),
+        }
+        async with translated(f"forget {key}"):
+            try:
+                marker, _ = await self._js_publish(subject, b"", headers)
+            except jse.APIError as exc:
+                if exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc):
+                    return False
+                raise
+            await self._js.purge_stream(
+                f"KV_{self.config.hot_bucket}", seq=marker + 1, subject=subject
+            )
+        return True
+
     async def _scan_by_consumer(
-        self, stream: str, subject: str | None, from_seq: int, head: str, *, last: int = 0
+        self,
+        stream: str,
+        subject: str | None,
+        from_seq: int,
+        head: str,
+        *,
+        last: int = 0,
+        times: dict[int, float] | None = None,
     ) -> list[StoredMsg]:
         """The messages on `subject` (None: all) from `from_seq` to `last` (0: the
         stream's end), through an ephemeral in-memory consumer (deleted after; the server
@@ -634,13 +684,19 @@ class NatsWal:
         try:
             if not info.num_pending:
                 return []
-            return await self._pull_all(stream, info.name, from_seq, head, last)
+            return await self._pull_all(stream, info.name, from_seq, head, last, times)
         finally:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self._js.delete_consumer(stream, info.name)
 
     async def _pull_all(
-        self, stream: str, consumer: str, from_seq: int, head: str, last: int
+        self,
+        stream: str,
+        consumer: str,
+        from_seq: int,
+        head: str,
+        last: int,
+        times: dict[int, float] | None = None,
     ) -> list[StoredMsg]:
         """Drain an ack-less consumer through one inbox: pull requests of `SCAN_BATCH`
         answered into a subscription callback, no per-message waiting (a quarter of the
@@ -670,6 +726,8 @@ class NatsWal:
                 done = True
             elif msg.data:
                 found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
+                if times is not None:
+                    times[seq] = meta.timestamp.timestamp()
             if meta.num_pending == 0 or (last and seq >= last):
                 done = True
             if done or received >= wanted:
@@ -731,6 +789,13 @@ class NatsWal:
             info = await self._js.stream_info(self.stream)
         return int(info.state.last_seq)
 
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message below stream seq `seq` (one purge request)."""
+        if seq <= 1:
+            return
+        async with translated(f"trim the WAL below {seq}"):
+            await self._js.purge_stream(self.stream, seq=seq)
+
     async def consumer_state(self) -> ConsumerState:
         """The durable consumer's counters and the stream's last seq."""
         async with translated("read the flusher consumer"):
@@ -745,6 +810,8 @@ class NatsWal:
             ack_floor=int(consumer.ack_floor.stream_seq or 0) if consumer.ack_floor else 0,
             last_seq=int(stream.state.last_seq),
             messages=int(stream.state.messages),
+            first_seq=int(stream.state.first_seq),
+            bytes=int(stream.state.bytes),
         )
 
     async def consumer_activity(self) -> tuple[int, float | None]:
@@ -868,6 +935,18 @@ class NatsBucket:
                 return list(await self._kv.keys())
             except jse.NoKeysError:
                 return []
+
+
+def _unlimited(value: int | None) -> int:
+    """A stream limit as the server reports it: -1 (or 0, or absent) means none."""
+    return -1 if value is None or value <= 0 else int(value)
+
+
+def _discard(config: StreamConfig) -> DiscardPolicy:
+    """The discard policy that matters: only a stream with a byte limit discards."""
+    if _unlimited(config.max_bytes) < 0:
+        return DiscardPolicy.OLD
+    return config.discard or DiscardPolicy.OLD
 
 
 def _stored(raw: Any) -> StoredMsg:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from buffered_store.config import EngineConfig
 from buffered_store.engine.ports import StoredMsg
-from buffered_store.errors import ConfigError, ConflictError, ValidationError
+from buffered_store.errors import ConfigError, ConflictError, ValidationError, WalFullError
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """A nats-server's default `max_payload` (1 MiB)."""
@@ -40,9 +40,15 @@ class MemoryStream:
     """A stream keeping every message (no limits): stream seqs from 1, the last message of
     each subject, and the message ids seen within the duplicate window."""
 
-    def __init__(self, name: str, duplicate_window_s: float) -> None:
+    def __init__(self, name: str, duplicate_window_s: float, max_bytes: int | None = None) -> None:
         self.name = name
         self.duplicate_window_s = duplicate_window_s
+        self.max_bytes = max_bytes
+        """Most bytes the stream holds; a publish past it is refused (discard "new")."""
+        self.bytes = 0
+        """Bytes held: each message's payload and subject (about what the server counts)."""
+        self.first_seq = 1
+        """Seqs below were purged."""
         self.messages: dict[int, StoredMsg] = {}
         self.by_subject: dict[str, list[int]] = {}
         self.last_seq = 0
@@ -55,11 +61,28 @@ class MemoryStream:
         return subject.startswith(self.name + ".") and len(subject) > len(self.name) + 1
 
     def store(self, subject: str, data: bytes) -> int:
-        """Append unconditionally; the new stream seq."""
+        """Append unconditionally (but for the byte limit); the new stream seq."""
+        size = len(data) + len(subject)
+        if self.max_bytes is not None and self.bytes + size > self.max_bytes:
+            raise WalFullError(f"publish {subject}: the WAL is full (maximum bytes exceeded)")
         self.last_seq += 1
         self.messages[self.last_seq] = StoredMsg(self.last_seq, subject, bytes(data))
         self.by_subject.setdefault(subject, []).append(self.last_seq)
+        self.bytes += size
         return self.last_seq
+
+    def purge_below(self, seq: int) -> None:
+        """Remove every message below `seq` (as a JetStream purge with ``seq``)."""
+        for old in range(self.first_seq, min(seq, self.last_seq + 1)):
+            msg = self.messages.pop(old, None)
+            if msg is None:
+                continue
+            self.bytes -= len(msg.data) + len(msg.subject)
+            seqs = self.by_subject[msg.subject]
+            seqs.remove(old)
+            if not seqs:
+                del self.by_subject[msg.subject]
+        self.first_seq = max(self.first_seq, min(seq, self.last_seq + 1))
 
     def publish(
         self, subject: str, data: bytes, *, msg_id: str, expected: int, now: float
@@ -115,6 +138,8 @@ class MemoryKv:
         self.last_seq = 0
         self.latest: dict[str, tuple[int, bytes | None]] = {}
         """Key -> (revision, value; None for a delete marker)."""
+        self.written_at: dict[str, float] = {}
+        """Key -> server time of its last write."""
 
     def get(self, key: str) -> tuple[int, bytes] | None:
         """(revision, value) of a live key, or None."""
@@ -128,15 +153,28 @@ class MemoryKv:
         found = self.latest.get(key)
         return found[0] if found else 0
 
-    def write(self, key: str, value: bytes | None, *, expected: int | None = None) -> int:
+    def write(
+        self, key: str, value: bytes | None, *, expected: int | None = None, now: float = 0.0
+    ) -> int:
         """Store a value (None: a delete marker), if the key's last message is at
         `expected` when given; the new revision."""
         if expected is not None and self.last_revision(key) != expected:
             raise ConflictError(f"update {key}: the key changed meanwhile")
         self.last_seq += 1
+        self.written_at[key] = now
         self.latest.pop(key, None)  # re-inserted last: dict order is revision order
         self.latest[key] = (self.last_seq, None if value is None else bytes(value))
         return self.last_seq
+
+    def forget(self, key: str, revision: int) -> bool:
+        """Remove the key and every trace of it (a purge marker, then the marker purged),
+        if its last message is at `revision`."""
+        if self.last_revision(key) != revision:
+            return False
+        self.last_seq += 1  # the marker's revision, purged at once
+        del self.latest[key]
+        self.written_at.pop(key, None)
+        return True
 
     def scan(self, prefix: str, from_seq: int) -> tuple[list[StoredMsg], int]:
         """Live keys under `prefix` (whole subject tokens: empty or ending with a dot)
@@ -187,13 +225,19 @@ class MemoryConsumer:
             waiting = self.unacked[seq]
             waiting.deliveries += 1
             waiting.due = now + self.ack_wait_s
+            if seq not in self.stream.messages:  # purged meanwhile: nothing to deliver
+                del self.unacked[seq]
+                continue
             out.append((self.stream.messages[seq], waiting.deliveries))
         while (
             len(out) < count
             and len(self.unacked) < self.max_ack_pending
             and self.next_seq <= self.stream.last_seq
         ):
-            seq, self.next_seq = self.next_seq, self.next_seq + 1
+            seq = max(self.next_seq, self.stream.first_seq)  # skip what was purged
+            if seq > self.stream.last_seq:
+                break
+            self.next_seq = seq + 1
             self.unacked[seq] = Unacked(1, now + self.ack_wait_s)
             out.append((self.stream.messages[seq], 1))
         return out
@@ -223,12 +267,13 @@ class MemoryConsumer:
         """Stream seq up to which every message is settled."""
         if self.unacked:
             return min(self.unacked) - 1
-        return self.next_seq - 1
+        # Like JetStream, a floor below the stream's first seq moves up to it.
+        return max(self.next_seq, self.stream.first_seq) - 1
 
     @property
     def num_pending(self) -> int:
         """Messages not delivered yet."""
-        return max(0, self.stream.last_seq - self.next_seq + 1)
+        return max(0, self.stream.last_seq - max(self.next_seq, self.stream.first_seq) + 1)
 
     @property
     def num_redelivered(self) -> int:
@@ -314,7 +359,9 @@ class MemoryJetStream:
         with another duplicate window."""
         stream = self.streams.get(config.stream_name)
         if stream is None:
-            stream = MemoryStream(config.stream_name, config.duplicate_window_s)
+            stream = MemoryStream(
+                config.stream_name, config.duplicate_window_s, config.wal_max_bytes
+            )
             self.streams[config.stream_name] = stream
         elif stream.duplicate_window_s != config.duplicate_window_s:
             raise ConfigError(

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 
 from buffered_store.config import EngineConfig
-from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
+from buffered_store.engine.ports import AgedValue, ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import (
     ConflictError,
     PayloadTooLargeError,
@@ -184,7 +185,8 @@ class MemoryWal:
         # NatsWal: a short-lived consumer, created and deleted (fetches are no requests).
         await self._request(f"read WAL messages {first}..{last}", count=2)
         messages = self._stream.messages
-        return [messages[s] for s in range(max(1, first), min(last, self._stream.last_seq) + 1)]
+        seqs = range(max(1, first), min(last, self._stream.last_seq) + 1)
+        return [messages[s] for s in seqs if s in messages]
 
     async def last_seq(self) -> int:
         """The stream's last seq (0: empty)."""
@@ -215,7 +217,15 @@ class MemoryWal:
             ack_floor=consumer.ack_floor,
             last_seq=self._stream.last_seq,
             messages=len(self._stream.messages),
+            first_seq=self._stream.first_seq,
+            bytes=self._stream.bytes,
         )
+
+    async def purge_below(self, seq: int) -> None:
+        """Remove every message below stream seq `seq` (one request)."""
+        await self._request(f"trim the WAL below {seq}")
+        self._stream.purge_below(seq)
+        self.server.notify()
 
     async def ensure_consumer(self) -> bool:
         """Create the durable consumer if it is missing; True when it had to be."""
@@ -253,6 +263,28 @@ class MemoryWal:
         """Delete a hot key (writes a delete marker)."""
         await _kv_write(self, self._hot, f"delete {key}", key, None)
 
+    async def hot_oldest(self, prefix: str, limit: int) -> list[AgedValue]:
+        """The least recently written live hot keys under `prefix`, at most `limit`;
+        `written_at` on the server's clock (`MemoryJetStream.now`)."""
+        await self._request("scan the oldest hot records", count=2)
+        out: list[AgedValue] = []
+        for key, (revision, value) in self._hot.latest.items():
+            if len(out) == limit:
+                break
+            if value is not None and key.startswith(prefix):
+                # Unix time, as the server reports it: the age on the server's clock.
+                age_s = self.server.now() - self._hot.written_at.get(key, 0.0)
+                out.append(AgedValue(key, value, revision, time.time() - age_s))
+        return out
+
+    async def kv_forget(self, key: str, revision: int) -> bool:
+        """Remove a hot key at `revision`, leaving no marker (two requests)."""
+        check_key(key)
+        await self._request(f"forget {key}", count=2)
+        forgotten = self._hot.forget(key, revision)
+        self.server.notify()
+        return forgotten
+
     async def hot_updates(self, prefix: str, from_seq: int) -> list[StoredMsg]:
         """The latest value of every live hot key under `prefix` (whole tokens: empty or
         ending with a dot, as the subject filter ``<prefix>>`` on the server) whose
@@ -281,7 +313,7 @@ async def _kv_write(wal: MemoryWal, kv: MemoryKv, what: str, key: str, value: by
     if value is not None:
         wal._check_size(what, value)
     await wal._request(what)
-    revision = kv.write(key, value)
+    revision = kv.write(key, value, now=wal.server.now())
     wal.server.notify()
     return revision
 
@@ -302,7 +334,7 @@ async def _kv_swap(
             raise ConflictError(f"{what}: the key exists")
         wal.requests += 1
         revision = last
-    written = kv.write(key, value, expected=revision or 0)
+    written = kv.write(key, value, expected=revision or 0, now=wal.server.now())
     wal.server.notify()
     return written
 

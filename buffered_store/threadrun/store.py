@@ -40,6 +40,7 @@ from buffered_store.errors import (
     StoreClosedError,
     StoreError,
     ValidationError,
+    WalFullError,
     WalUnavailableError,
 )
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
@@ -83,7 +84,7 @@ log = logging.getLogger("buffered_store.threadrun.store")
 
 Versions = dict[str, tuple[RunRecord, int]]
 
-FAILURE_KINDS = ("invalid", "unavailable", "commit_unknown", "cancelled", "error")
+FAILURE_KINDS = ("invalid", "unavailable", "wal_full", "commit_unknown", "cancelled", "error")
 """Causes of failed checkpoints, as counted in `stats()` (``checkpoints_<kind>``)."""
 
 
@@ -109,7 +110,7 @@ class BufferedThreadRunStore:
         self.config = config
         self._clock = clock
         self._writer: Writer[WalEntry, HotRecord, list[bytes]] = Writer(
-            wal, config, FORMAT, seed=self._seed_from_inner, clock=clock
+            wal, config, FORMAT, seed=self._seed_from_inner, watermark=self._watermark, clock=clock
         )
         self._log = self._writer.log
         self._pending = PendingIndex(wal, target.flushed_seqs, FORMAT)
@@ -461,6 +462,10 @@ class BufferedThreadRunStore:
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self.config.checkpoint_timeout_s
         return await self._writer.write(thread_id, build, snapshot, deadline=deadline)
+
+    async def _watermark(self, thread_id: str) -> int:
+        """The thread's flushed seq in the inner store."""
+        return (await self.target.flushed_seqs([thread_id]))[thread_id]
 
     async def _seed_from_inner(self, thread_id: str) -> Seeded[HotRecord, list[bytes]] | None:
         """The inner store's state of a thread the WAL has never seen, if it answers soon.
@@ -843,6 +848,8 @@ def _failure_kind(exc: BaseException) -> str:
         return "invalid"  # the caller's input (too large included): nothing was written
     if isinstance(exc, CommitUnknownError):
         return "commit_unknown"
+    if isinstance(exc, WalFullError):
+        return "wal_full"  # nothing written; retriable once the flushers drained
     if isinstance(exc, BackendUnavailableError):
         return "unavailable"
     if isinstance(exc, asyncio.CancelledError):

@@ -7,6 +7,7 @@ import pytest
 
 from buffered_store.engine.ports import KvValue, Wal
 from buffered_store.errors import ConflictError, StoreError
+from tests.contracts.conftest import WalHarness
 
 
 async def test_create_swap_and_conflicts(wal: Wal) -> None:
@@ -115,3 +116,28 @@ async def test_hot_updates_prefix_is_whole_tokens(wal: Wal) -> None:
     """The prefix is a subject filter ``<prefix>>``: "h" is no prefix of "h.a"."""
     await wal.kv_put("h.a", b"1")
     assert await wal.hot_updates("h", 1) == []
+
+
+async def test_oldest_hot_keys_and_forgetting_one(wal: Wal, harness: WalHarness) -> None:
+    """`hot_oldest` lists the least recently written live keys first, with when they
+    were written; `kv_forget` removes a key at its revision only, and it can be created
+    again as if it never existed."""
+    a = await wal.kv_put("h.a", b"1")
+    b = await wal.kv_put("h.b", b"1")
+    await wal.kv_put("r.x", b"1")
+    await harness.elapse(1.2)
+    c = await wal.kv_put("h.c", b"1")
+    oldest = await wal.hot_oldest("h.", 16)
+    assert [(v.key, v.revision) for v in oldest] == [("h.a", a), ("h.b", b), ("h.c", c)]
+    assert oldest[2].written_at - oldest[0].written_at >= 1.0
+    assert await wal.kv_forget("h.a", a)
+    assert await wal.kv_get("h.a") is None
+    assert not await wal.kv_forget("h.b", a)  # written at another revision: kept
+    assert await wal.kv_get("h.b") == KvValue(b"1", b)
+    assert [v.key for v in await wal.hot_oldest("h.", 16)] == ["h.b", "h.c"]
+    again = await wal.kv_swap("h.a", b"2", revision=None)
+    assert again > c
+    assert await wal.kv_get("h.a") == KvValue(b"2", again)
+    moved = await wal.kv_swap("h.b", b"2", revision=b)
+    assert not await wal.kv_forget("h.b", b)
+    assert await wal.kv_get("h.b") == KvValue(b"2", moved)

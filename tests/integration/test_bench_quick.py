@@ -52,6 +52,7 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
         {"timeline.png", "latency_vs_load.png"},
     ),
     "writer-cpu": ({"append", "checkpoint", "raw"}, {"writer_cpu.png"}),
+    "soak": ({"buffered"}, {"timeline.png", "wal_size.png"}),
     "langgraph": (
         {f"{side}_{phase}" for side in LG_SIDES for phase in LG_PHASES},
         {"timeline.png", "latency_vs_load.png"},
@@ -148,6 +149,20 @@ def check_curve(data: dict[str, Any], report: str) -> None:
     assert data["parameters"]["api"] == "append"
     assert "## Latency against offered load" in report
     assert "latency_vs_load.png" in report
+
+
+def check_soak(data: dict[str, Any], report: str) -> None:
+    """The stream sampled every second, both issue-25 figures judged from it."""
+    timeline = data["sides"]["buffered"]["timeline"]
+    assert len(timeline["t_s"]) >= 10
+    assert any(b for b in timeline["bytes"] if b)
+    assert any(m for m in timeline["messages"] if m)
+    assert data["sides"]["buffered"]["flusher"]["trims"] > 0
+    assert [t["id"] for t in data["targets"]] == ["soak_flat", "soak_trim_cpu"]
+    assert data["figures"]["flat_bytes"]["samples"] >= 5
+    assert data["figures"]["trim_cpu_share"] is not None
+    assert "## Stream size over time" in report
+    assert "wal_size.png" in report
 
 
 def check_writer_cpu(data: dict[str, Any], report: str) -> None:
@@ -282,6 +297,7 @@ SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "curve": check_curve,
     "spark-overlay": check_spark_overlay,
     "writer-cpu": check_writer_cpu,
+    "soak": check_soak,
 }
 
 
