@@ -172,7 +172,9 @@ def check_writer_cpu(data: dict[str, Any], report: str) -> None:
         assert cases == {(t, h) for t in (1, 8) for h in (50, 500, 2000)}, key
         for case in side["cases"]:
             assert case["cpu_us"]["median"] > 0, (key, case)
-    assert [t["id"] for t in data["targets"]] == ["writer_cpu", "writer_cpu"]
+    # append() and checkpoint() (full snapshots) are both judged, at each thread count
+    assert [t["id"] for t in data["targets"]] == ["writer_cpu"] * 4
+    assert ["checkpoint()" in t["figure"] for t in data["targets"]] == [False, False, True, True]
     assert "## Client CPU per checkpoint" in report
 
 
