@@ -711,16 +711,31 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             _, rows = await self.sink.read(thread_id, where, params, limit=limit)
             self._stats["db_reads"] += 1
             return [self._to_tuple(r) for r in rows]
+        try:
+            return await self._overlay_read(thread_id, config, flt, before, limit, where, params)
+        except DatabaseUnavailableError as exc:
+            # Found down, or lost half-way (the tail's blobs and writes, a longer page, a
+            # flush of a logical operation): the read answers as one that found it down.
+            return await self._read_without_db(thread_id, config, flt, before, limit, exc)
+
+    async def _overlay_read(
+        self,
+        thread_id: str,
+        config: RunnableConfig,
+        flt: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+        where: str,
+        params: list[Any],
+    ) -> list[CheckpointTuple]:
+        """The READ_YOUR_WRITES read: the thread's rows with its unflushed tail folded on."""
         for _ in range(MAX_READ_ATTEMPTS):
-            try:
-                # The subject's last entry beside the hot record: the record may lag the
-                # entries just acknowledged (it is advanced in the background).
-                (hot, upto), (flushed, rows) = await asyncio.gather(
-                    self._log.latest(thread_id),
-                    self.sink.read(thread_id, where, params, limit=limit),
-                )
-            except DatabaseUnavailableError as exc:
-                return await self._read_without_db(thread_id, config, flt, before, limit, exc)
+            # The subject's last entry beside the hot record: the record may lag the
+            # entries just acknowledged (it is advanced in the background).
+            (hot, upto), (flushed, rows) = await asyncio.gather(
+                self._log.latest(thread_id),
+                self.sink.read(thread_id, where, params, limit=limit),
+            )
             if upto <= flushed:
                 self._stats["db_reads"] += 1
                 return [self._to_tuple(r) for r in rows]
