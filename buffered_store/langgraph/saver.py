@@ -12,6 +12,7 @@ import asyncio
 import logging
 import operator
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeAlias, TypeVar, cast
@@ -190,6 +191,33 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         """Open the WAL (creating its stream, buckets and consumer if needed) and the
         Postgres pool. `config` defaults to `LangGraphConfig.from_env()`."""
         return Opening(cls._open(config or LangGraphConfig.from_env(), serde))
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        nats_url: str | None = None,
+        pipeline: bool = False,
+        serde: SerializerProtocol | None = None,
+        **settings: Any,
+    ) -> AsyncIterator[BufferedCheckpointSaver]:
+        """``async with BufferedCheckpointSaver.from_conn_string(url) as saver``, as with
+        AsyncPostgresSaver: the saver on the Postgres database at `conn_string` and the
+        NATS servers at `nats_url`, closed (and drained) on exit.
+
+        The other settings are `LangGraphConfig.from_env()`'s (so `nats_url` defaults to
+        ``$BUFSTORE_LG_NATS_URL``, ``$BUFSTORE_NATS_URL``, then ``$NATS_URL``); keyword
+        `settings` (any `LangGraphConfig` field) win. `pipeline` is accepted for
+        AsyncPostgresSaver's signature and changes nothing: a write is one WAL round trip.
+        """
+        del pipeline
+        if nats_url is not None:
+            settings["nats_url"] = nats_url
+        config = LangGraphConfig.from_env(database_url=conn_string, **settings)
+        async with cls.connect(config, serde=serde) as saver:
+            yield saver
 
     @classmethod
     async def _open(
