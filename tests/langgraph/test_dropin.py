@@ -45,4 +45,3 @@ async def test_from_conn_string_opens_and_closes_like_async_postgres_savers(
         assert theirs is not None
         assert theirs.checkpoint["channel_values"] == {"x": [1, 2]}
         assert theirs.config == written
-
