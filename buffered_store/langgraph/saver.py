@@ -54,7 +54,7 @@ from buffered_store.errors import (
     ThreadOwnershipError,
     ValidationError,
 )
-from buffered_store.langgraph import overlay
+from buffered_store.langgraph import overlay, search
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.entry import (
     LG_FORMAT,
@@ -705,13 +705,18 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints of a thread, newest first, with the unflushed tail applied.
 
-        Without a thread (``config=None``) the search spans every thread: it runs
-        `force_flush_all` first (unless ``read_consistency`` is EVENTUAL), then reads
-        Postgres alone, so it costs a flush of every pending thread.
+        Without a thread (``config=None``) the search spans every thread: the pending
+        threads' unflushed entries are folded on their rows, as a read of each would
+        (no flush; `_search`). ``STRONG`` flushes every pending thread first and
+        ``EVENTUAL`` reads Postgres alone.
         """
         self._check_open()
         if config is None:
-            if self.settings.read_consistency is not ReadConsistency.EVENTUAL:
+            if self.settings.read_consistency is ReadConsistency.READ_YOUR_WRITES:
+                for found in await self._search(filter, before, limit):
+                    yield found
+                return
+            if self.settings.read_consistency is ReadConsistency.STRONG:
                 await self.force_flush_all()
             where, args = self._search_where(None, filter, before)
             for row in await self.sink.search(where, args, limit=limit):
@@ -794,6 +799,61 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         return [
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
             for row in chosen
+        ]
+
+    async def _search(
+        self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+    ) -> list[CheckpointTuple]:
+        """``list(None, ...)`` with the pending threads' tails folded on (see
+        `langgraph.search`): a scan of the pending threads, their entries (concurrent
+        gets), one statement for every thread's rows and one round for the stored blobs
+        and writes of the pending checkpoints."""
+        where, params = self._search_where(None, flt, before)
+        await self._writer.hot_updates.settled()  # this saver's writes are all scanned
+        for _ in range(MAX_READ_ATTEMPTS):
+            pending = await self._pending.scan()
+            found = await asyncio.gather(
+                *(
+                    self._log.entries_between(p.thread_id, p.flushed_seq, p.record.seq, p.record)
+                    for p in pending
+                )
+            )
+            chains = {p.thread_id: chain for p, chain in zip(pending, found, strict=True)}
+            logical = [t for t, chain in chains.items() if not all(e.simple for e in chain)]
+            if not logical:
+                break
+            for thread_id in logical:  # applied by SQL on the stored rows: flush them first
+                await self.force_flush(thread_id)
+        else:
+            raise StoreError("pending threads kept receiving logical operations while listed")
+        rows = await search.read_rows(
+            self.sink,
+            where,
+            params,
+            {t: search.own_limit(chain, limit) for t, chain in chains.items()},
+            limit,
+        )
+        chosen = search.merge(
+            rows,
+            chains,
+            before_id=get_checkpoint_id(before) if before else None,
+            metadata_filter=flt,
+            limit=limit,
+        )
+        blob_keys, write_keys = search.wanted(chosen)
+        blobs, writes = await asyncio.gather(
+            search.read_blobs(self.sink, blob_keys), search.read_writes(self.sink, write_keys)
+        )
+        self._stats["overlay_reads" if chains else "db_reads"] += 1
+        return [
+            self._to_tuple(
+                c.row
+                if c.tail is None
+                else overlay.complete(
+                    c.row, c.tail, blobs.get(c.thread_id, {}), writes.get(c.thread_id, {})
+                )
+            )
+            for c in chosen
         ]
 
     async def _read_without_db(
