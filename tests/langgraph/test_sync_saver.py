@@ -5,6 +5,7 @@ same states. These tests are synchronous functions on purpose."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from buffered_store.errors import StoreClosedError
 from buffered_store.langgraph import LangGraphConfig, SyncBufferedCheckpointSaver
@@ -88,6 +90,19 @@ def test_sync_methods_from_many_threads_then_close_ends_the_loop_thread(
             assert found.checkpoint["channel_values"] == {"x": [tid]}
             assert found.pending_writes == [("task-1", "x", "w")]
             assert [t.config for t in saver.list(cfg(tid))] == [found.config]
+        # LangGraph clones a checkpointer with a msgpack allowlist when it compiles a
+        # graph (with strict msgpack on): the clone shares the loop and reads through
+        # the async saver's clone, with its serde.
+        assert saver.with_allowlist(set()) is saver  # the serde does not change
+        inner = copy.copy(saver.saver)
+        inner.serde = JsonPlusSerializer()
+        saver.saver.with_allowlist = lambda extra: inner  # type: ignore[method-assign,assignment]
+        clone = saver.with_allowlist({("tests", "Thing")})
+        del saver.saver.with_allowlist
+        assert isinstance(clone, SyncBufferedCheckpointSaver)
+        assert clone.saver is inner
+        assert clone.serde is inner.serde
+        assert clone.get_tuple(cfg(tids[1])) == saver.get_tuple(cfg(tids[1]))
         saver.delete_thread(tids[0])
         assert saver.get_tuple(cfg(tids[0])) is None
         assert "bufstore-langgraph-sync" in {t.name for t in threading.enumerate()} - before
