@@ -19,7 +19,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from buffered_store.errors import StoreClosedError
+from buffered_store.errors import StoreClosedError, WalUnavailableError
 from buffered_store.langgraph import LangGraphConfig, SyncBufferedCheckpointSaver
 from tests.langgraph.graph import build_graph
 from tests.langgraph.test_graph_processes import ROOT, child_env
@@ -124,3 +124,18 @@ async def test_its_async_methods_answer_on_another_loop(lg_config: LangGraphConf
         assert [t.config async for t in saver.alist(cfg(tid))] == [written]
     finally:
         saver.close()
+
+
+def test_a_failed_open_leaves_no_loop_thread_behind() -> None:
+    """NATS unreachable: `connect` raises what `BufferedCheckpointSaver.connect` raises,
+    and the private loop's thread is gone (nothing to close)."""
+    before = {t.ident for t in threading.enumerate()}
+    config = LangGraphConfig(
+        nats_url="nats://127.0.0.1:1",
+        database_url="postgresql://nobody@127.0.0.1:1/none",
+        connect_timeout_s=0.5,
+    )
+    with pytest.raises(WalUnavailableError):
+        SyncBufferedCheckpointSaver.connect(config)
+    left = [t for t in threading.enumerate() if t.ident not in before]
+    assert [t.name for t in left if t.name == "bufstore-langgraph-sync"] == []
