@@ -37,7 +37,7 @@ from buffered_store.config import ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, Writer
 from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
-from buffered_store.engine.pending import PendingIndex
+from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import (
     FlushProgress,
@@ -87,6 +87,8 @@ T = TypeVar("T")
 MAX_READ_ATTEMPTS = 5
 """Reads that find a logical entry (runs, prune, copy) pending flush the thread and read
 again; a thread that keeps receiving them is reported rather than read forever."""
+SEARCH_FETCHES = 64
+"""Pending threads whose entries a search across threads fetches at once."""
 
 
 def _full(base: ListBase, items: bytes, value: list[Any]) -> bytes | None:
@@ -810,14 +812,17 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         and writes of the pending checkpoints."""
         where, params = self._search_where(None, flt, before)
         await self._writer.hot_updates.settled()  # this saver's writes are all scanned
+        gate = asyncio.Semaphore(SEARCH_FETCHES)
+
+        async def chain(p: PendingThread[LgHot]) -> list[LgEntry]:
+            async with gate:
+                return await self._log.entries_between(
+                    p.thread_id, p.flushed_seq, p.record.seq, p.record
+                )
+
         for _ in range(MAX_READ_ATTEMPTS):
             pending = await self._pending.scan()
-            found = await asyncio.gather(
-                *(
-                    self._log.entries_between(p.thread_id, p.flushed_seq, p.record.seq, p.record)
-                    for p in pending
-                )
-            )
+            found = await asyncio.gather(*(chain(p) for p in pending))
             chains = {p.thread_id: chain for p, chain in zip(pending, found, strict=True)}
             logical = [t for t, chain in chains.items() if not all(e.simple for e in chain)]
             if not logical:
