@@ -102,7 +102,8 @@ async def test_the_saver_starts_while_postgres_is_down(
     services: Services, lg_config: LangGraphConfig, pg_dsn: str
 ) -> None:
     """A process restarted during an outage starts, with the default pool (one connection
-    kept open), and runs a graph on a new thread; once Postgres is back its writes flush.
+    kept open), runs a graph on a new thread and resumes the one the process before it
+    left interrupted in the WAL; once Postgres is back their writes flush.
     (On main before this change: `DatabaseUnavailableError` after 10 s in connect.)"""
     if not services.postgres_managed:
         pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
@@ -111,7 +112,12 @@ async def test_the_saver_starts_while_postgres_is_down(
     config = lg_config.replace(drain_on_close=False, db_timeout_s=0.5)
     assert config.pool_min_size == 1
     thread_id = f"cold-start-{uuid.uuid4().hex[:8]}"
+    earlier = f"before-restart-{uuid.uuid4().hex[:8]}"
     run: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    run_earlier: RunnableConfig = {"configurable": {"thread_id": earlier}}
+    # The process before the restart left a thread interrupted, in the WAL only.
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        await build_graph(saver).ainvoke({"items": ["e"], "answer": ""}, run_earlier)
     await asyncio.to_thread(postgres.stop)
     try:
         started = asyncio.get_running_loop().time()
@@ -122,12 +128,16 @@ async def test_the_saver_starts_while_postgres_is_down(
             assert out["__interrupt__"][0].value == {"question": "approve?", "items": ["cold"]}
             done = await graph.ainvoke(Command(resume="down"), run)
             assert done == {"items": ["cold", "done:down"], "answer": "down"}
+            resumed = await graph.ainvoke(Command(resume="after"), run_earlier)
+            assert resumed == {"items": ["e", "done:after"], "answer": "after"}
             await asyncio.to_thread(postgres.start)
-            assert await flush_once_back(saver) == 1
+            assert await flush_once_back(saver) == 2
     finally:
         await asyncio.to_thread(postgres.start)
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as reference:
-        assert (await build_graph(reference).aget_state(run)).values == done
+        theirs = build_graph(reference)
+        assert (await theirs.aget_state(run)).values == done
+        assert (await theirs.aget_state(run_earlier)).values == resumed
 
 
 async def test_a_read_that_loses_postgres_half_way_answers_from_the_wal(
