@@ -139,3 +139,24 @@ def test_a_failed_open_leaves_no_loop_thread_behind() -> None:
         SyncBufferedCheckpointSaver.connect(config)
     left = [t for t in threading.enumerate() if t.ident not in before]
     assert [t.name for t in left if t.name == "bufstore-langgraph-sync"] == []
+
+
+def test_from_conn_string_opens_and_closes_like_postgres_savers(
+    lg_config: LangGraphConfig, pg_dsn: str, nats_url: str
+) -> None:
+    wal = {
+        name: getattr(lg_config, name)
+        for name in ("stream_name", "hot_bucket", "quarantine_bucket", "consumer_name")
+    }
+    tid = f"sync-fcs-{uuid.uuid4().hex[:8]}"
+    cp = generate_checkpoint(channel_values={"x": [1]}, channel_versions={"x": 1})
+    with SyncBufferedCheckpointSaver.from_conn_string(pg_dsn, nats_url=nats_url, **wal) as saver:
+        assert (saver.settings.conninfo, saver.settings.nats_url) == (pg_dsn, nats_url)
+        saver.setup()
+        written = saver.put(cfg(tid), cp, {"source": "input", "step": 0}, {"x": 1})
+    with pytest.raises(StoreClosedError):
+        saver.get_tuple(cfg(tid))
+    with PostgresSaver.from_conn_string(pg_dsn) as reference:  # drained on close
+        theirs = reference.get_tuple(cfg(tid))
+        assert theirs is not None
+        assert theirs.config == written
