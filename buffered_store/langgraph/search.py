@@ -13,7 +13,7 @@ Query building and merging are pure; `read_rows` and `read_parts` only execute.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,9 +106,11 @@ def merge(
     before_id: str | None,
     metadata_filter: Mapping[str, Any] | None,
     limit: int | None,
+    id_key: Callable[[str], Any] = str,
 ) -> list[Chosen]:
-    """The answer's rows, newest first: each pending thread's entries above its
-    watermark folded on its rows (`overlay.merge`), and the other threads' rows."""
+    """The answer's rows, newest first by `id_key` of their checkpoint ids (how the
+    database orders them): each pending thread's entries above its watermark folded on
+    its rows (`overlay.merge`), and the other threads' rows."""
     chosen: list[Chosen] = [Chosen(r["thread_id"], r, None) for r in found.other_rows]
     for thread_id, chain in chains.items():
         flushed = found.flushed.get(thread_id, 0)
@@ -124,7 +126,7 @@ def merge(
             limit=limit,
         ):
             chosen.append(Chosen(thread_id, row, tail))
-    chosen.sort(key=lambda c: str(c.row["checkpoint_id"]), reverse=True)
+    chosen.sort(key=lambda c: id_key(c.row["checkpoint_id"]), reverse=True)
     return chosen if limit is None else chosen[:limit]
 
 
