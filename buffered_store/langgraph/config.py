@@ -22,6 +22,9 @@ SHARED_ENV = (
 )
 """Read from ``BUFSTORE_*`` too, when no ``BUFSTORE_LG_*`` variable sets them: one NATS
 deployment usually carries both front-ends."""
+CONVENTIONAL_ENV = {"DATABASE_URL": "DATABASE_URL", "NATS_URL": "NATS_URL"}
+"""Field (upper case) -> the unprefixed variable read last, as the CLI, the quickstart and
+most platforms (Heroku, Render, Railway, docker-compose files) name them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +113,16 @@ class LangGraphConfig(BufferedStoreConfig):
         """Build from ``BUFSTORE_LG_*`` variables (``BUFSTORE_LG_DATABASE_URL``,
         ``BUFSTORE_LG_STREAM_NAME``, ...); where the NATS servers are and how to reach
         them (``nats_url``, ``credentials``, the ``tls_*`` files, ``connect_timeout_s``)
-        fall back to their ``BUFSTORE_*`` variables. Keyword overrides win."""
+        fall back to their ``BUFSTORE_*`` variables. The URLs fall back last to the
+        conventional ``DATABASE_URL`` and ``NATS_URL``, as the ``bufstore`` commands read
+        them, rather than to localhost. Keyword overrides win."""
         env = os.environ if environ is None else environ
-        mapped = {ENV_PREFIX + n: env[ENV_PREFIX + n] for n in SHARED_ENV if ENV_PREFIX + n in env}
+        mapped = {
+            ENV_PREFIX + field: env[name] for field, name in CONVENTIONAL_ENV.items() if name in env
+        }
+        mapped.update(
+            {ENV_PREFIX + n: env[ENV_PREFIX + n] for n in SHARED_ENV if ENV_PREFIX + n in env}
+        )
         mapped.update(
             {
                 ENV_PREFIX + k[len(LG_ENV_PREFIX) :]: v

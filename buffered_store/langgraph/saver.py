@@ -12,6 +12,7 @@ import asyncio
 import logging
 import operator
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeAlias, TypeVar, cast
@@ -37,7 +38,7 @@ from buffered_store.engine.appender import Cursor, Seeded, Writer
 from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
-from buffered_store.engine.pending import PendingIndex
+from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import (
     FlushProgress,
@@ -54,7 +55,7 @@ from buffered_store.errors import (
     ThreadOwnershipError,
     ValidationError,
 )
-from buffered_store.langgraph import overlay
+from buffered_store.langgraph import overlay, search
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.entry import (
     LG_FORMAT,
@@ -87,6 +88,8 @@ T = TypeVar("T")
 MAX_READ_ATTEMPTS = 5
 """Reads that find a logical entry (runs, prune, copy) pending flush the thread and read
 again; a thread that keeps receiving them is reported rather than read forever."""
+SEARCH_FETCHES = 64
+"""Pending threads whose entries a search across threads fetches at once."""
 
 
 def _full(base: ListBase, items: bytes, value: list[Any]) -> bytes | None:
@@ -191,6 +194,33 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         """Open the WAL (creating its stream, buckets and consumer if needed) and the
         Postgres pool. `config` defaults to `LangGraphConfig.from_env()`."""
         return Opening(cls._open(config or LangGraphConfig.from_env(), serde))
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        nats_url: str | None = None,
+        pipeline: bool = False,
+        serde: SerializerProtocol | None = None,
+        **settings: Any,
+    ) -> AsyncIterator[BufferedCheckpointSaver]:
+        """``async with BufferedCheckpointSaver.from_conn_string(url) as saver``, as with
+        AsyncPostgresSaver: the saver on the Postgres database at `conn_string` and the
+        NATS servers at `nats_url`, closed (and drained) on exit.
+
+        The other settings are `LangGraphConfig.from_env()`'s (so `nats_url` defaults to
+        ``$BUFSTORE_LG_NATS_URL``, ``$BUFSTORE_NATS_URL``, then ``$NATS_URL``); keyword
+        `settings` (any `LangGraphConfig` field) win. `pipeline` is accepted for
+        AsyncPostgresSaver's signature and changes nothing: a write is one WAL round trip.
+        """
+        del pipeline
+        if nats_url is not None:
+            settings["nats_url"] = nats_url
+        config = LangGraphConfig.from_env(database_url=conn_string, **settings)
+        async with cls.connect(config, serde=serde) as saver:
+            yield saver
 
     @classmethod
     async def _open(
@@ -682,13 +712,18 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints of a thread, newest first, with the unflushed tail applied.
 
-        Without a thread (``config=None``) the search spans every thread: it runs
-        `force_flush_all` first (unless ``read_consistency`` is EVENTUAL), then reads
-        Postgres alone, so it costs a flush of every pending thread.
+        Without a thread (``config=None``) the search spans every thread: the pending
+        threads' unflushed entries are folded on their rows, as a read of each would
+        (no flush; `_search`). ``STRONG`` flushes every pending thread first and
+        ``EVENTUAL`` reads Postgres alone.
         """
         self._check_open()
         if config is None:
-            if self.settings.read_consistency is not ReadConsistency.EVENTUAL:
+            if self.settings.read_consistency is ReadConsistency.READ_YOUR_WRITES:
+                for found in await self._search(filter, before, limit):
+                    yield found
+                return
+            if self.settings.read_consistency is ReadConsistency.STRONG:
                 await self.force_flush_all()
             where, args = self._search_where(None, filter, before)
             for row in await self.sink.search(where, args, limit=limit):
@@ -716,16 +751,31 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             _, rows = await self.sink.read(thread_id, where, params, limit=limit)
             self._stats["db_reads"] += 1
             return [self._to_tuple(r) for r in rows]
+        try:
+            return await self._overlay_read(thread_id, config, flt, before, limit, where, params)
+        except DatabaseUnavailableError as exc:
+            # Found down, or lost half-way (the tail's blobs and writes, a longer page, a
+            # flush of a logical operation): the read answers as one that found it down.
+            return await self._read_without_db(thread_id, config, flt, before, limit, exc)
+
+    async def _overlay_read(
+        self,
+        thread_id: str,
+        config: RunnableConfig,
+        flt: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+        where: str,
+        params: list[Any],
+    ) -> list[CheckpointTuple]:
+        """The READ_YOUR_WRITES read: the thread's rows with its unflushed tail folded on."""
         for _ in range(MAX_READ_ATTEMPTS):
-            try:
-                # The subject's last entry beside the hot record: the record may lag the
-                # entries just acknowledged (it is advanced in the background).
-                (hot, upto), (flushed, rows) = await asyncio.gather(
-                    self._log.latest(thread_id),
-                    self.sink.read(thread_id, where, params, limit=limit),
-                )
-            except DatabaseUnavailableError as exc:
-                return await self._read_without_db(thread_id, config, flt, before, limit, exc)
+            # The subject's last entry beside the hot record: the record may lag the
+            # entries just acknowledged (it is advanced in the background).
+            (hot, upto), (flushed, rows) = await asyncio.gather(
+                self._log.latest(thread_id),
+                self.sink.read(thread_id, where, params, limit=limit),
+            )
             if upto <= flushed:
                 self._stats["db_reads"] += 1
                 return [self._to_tuple(r) for r in rows]
@@ -756,6 +806,64 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         return [
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
             for row in chosen
+        ]
+
+    async def _search(
+        self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+    ) -> list[CheckpointTuple]:
+        """``list(None, ...)`` with the pending threads' tails folded on (see
+        `langgraph.search`): a scan of the pending threads, their entries (concurrent
+        gets), one statement for every thread's rows and one round for the stored blobs
+        and writes of the pending checkpoints."""
+        where, params = self._search_where(None, flt, before)
+        await self._writer.hot_updates.settled()  # this saver's writes are all scanned
+        gate = asyncio.Semaphore(SEARCH_FETCHES)
+
+        async def chain(p: PendingThread[LgHot]) -> list[LgEntry]:
+            async with gate:
+                return await self._log.entries_between(
+                    p.thread_id, p.flushed_seq, p.record.seq, p.record
+                )
+
+        for _ in range(MAX_READ_ATTEMPTS):
+            pending = await self._pending.scan()
+            found = await asyncio.gather(*(chain(p) for p in pending))
+            chains = {p.thread_id: chain for p, chain in zip(pending, found, strict=True)}
+            logical = [t for t, chain in chains.items() if not all(e.simple for e in chain)]
+            if not logical:
+                break
+            for thread_id in logical:  # applied by SQL on the stored rows: flush them first
+                await self.force_flush(thread_id)
+        else:
+            raise StoreError("pending threads kept receiving logical operations while listed")
+        rows = await search.read_rows(
+            self.sink,
+            where,
+            params,
+            {t: search.own_limit(chain, limit) for t, chain in chains.items()},
+            limit,
+        )
+        chosen = search.merge(
+            rows,
+            chains,
+            before_id=get_checkpoint_id(before) if before else None,
+            metadata_filter=flt,
+            limit=limit,
+        )
+        blob_keys, write_keys = search.wanted(chosen)
+        blobs, writes = await asyncio.gather(
+            search.read_blobs(self.sink, blob_keys), search.read_writes(self.sink, write_keys)
+        )
+        self._stats["overlay_reads" if chains else "db_reads"] += 1
+        return [
+            self._to_tuple(
+                c.row
+                if c.tail is None
+                else overlay.complete(
+                    c.row, c.tail, blobs.get(c.thread_id, {}), writes.get(c.thread_id, {})
+                )
+            )
+            for c in chosen
         ]
 
     async def _read_without_db(

@@ -179,20 +179,22 @@ class LangGraphSink:
     async def open(
         cls, conninfo: str, *, min_size: int = 1, max_size: int = 8, timeout_s: float = 30.0
     ) -> LangGraphSink:
-        """A sink on a new pool (closed by `close`)."""
+        """A sink on a new pool (closed by `close`).
+
+        It opens without waiting for Postgres: the pool connects in the background (and
+        logs each failed attempt), so a process restarted during an outage starts, and
+        its operations give up on Postgres after `timeout_s` each, as they do when
+        Postgres goes away later."""
         pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
             max_size=max_size,
             open=False,
+            name="bufstore-langgraph",
             connection_class=Connection,
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
         )
-        try:
-            await pool.open(wait=min_size > 0, timeout=10.0)
-        except psycopg_pool.PoolTimeout as exc:
-            await pool.close()
-            raise DatabaseUnavailableError(f"cannot connect to Postgres: {exc}") from exc
+        await pool.open(wait=False)
         return cls(pool, timeout_s=timeout_s)
 
     async def close(self) -> None:

@@ -1,10 +1,12 @@
 """A small LangGraph graph that stops on an interrupt, and a process that resumes it:
 
-    python -m tests.langgraph.graph THREAD_ID ANSWER
+    python -m tests.langgraph.graph [--sync] THREAD_ID ANSWER
 
-The child reads its `LangGraphConfig` from ``BUFSTORE_LG_*`` variables, resumes the
-thread with ``Command(resume=ANSWER)``, prints the final state as JSON and exits
-without draining (``drain_on_close`` false), so its writes stay in the WAL alone.
+With ``--sync`` it resumes with ``graph.invoke`` through `SyncBufferedCheckpointSaver`,
+from plain synchronous code. The child reads its `LangGraphConfig` from
+``BUFSTORE_LG_*`` variables, resumes the thread with ``Command(resume=ANSWER)``, prints
+the final state as JSON and exits without draining (``drain_on_close`` false), so its
+writes stay in the WAL alone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
-from buffered_store.langgraph import BufferedCheckpointSaver, LangGraphConfig
+from buffered_store.langgraph import (
+    BufferedCheckpointSaver,
+    LangGraphConfig,
+    SyncBufferedCheckpointSaver,
+)
 
 
 class State(TypedDict):
@@ -52,5 +58,17 @@ async def resume(thread_id: str, answer: str) -> dict[str, Any]:
         return result
 
 
+def resume_sync(thread_id: str, answer: str) -> dict[str, Any]:
+    config = LangGraphConfig.from_env(drain_on_close=False)
+    with SyncBufferedCheckpointSaver.connect(config) as saver:
+        result: dict[str, Any] = build_graph(saver).invoke(
+            Command(resume=answer), {"configurable": {"thread_id": thread_id}}
+        )
+        return result
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(resume(sys.argv[1], sys.argv[2]))))
+    if sys.argv[1] == "--sync":
+        print(json.dumps(resume_sync(sys.argv[2], sys.argv[3])))
+    else:
+        print(json.dumps(asyncio.run(resume(sys.argv[1], sys.argv[2]))))

@@ -4,13 +4,19 @@ draining it meanwhile (embedded), and every write flushed before it returns."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
-from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
+from buffered_store.langgraph import (
+    LG_FORMAT,
+    BufferedCheckpointSaver,
+    LangGraphConfig,
+    SyncBufferedCheckpointSaver,
+)
 from flusher import Flusher
 
 CASES = 81
@@ -50,3 +56,29 @@ async def test_conformance(mode: str, lg_config: LangGraphConfig) -> None:
     if mode == "no_flusher":
         # The reads really went through the overlay.
         assert sum(s["overlay_reads"] for s in stats) > 0
+
+
+async def test_conformance_of_the_sync_saver_called_from_another_loop(
+    lg_config: LangGraphConfig,
+) -> None:
+    """The suite (async) against `SyncBufferedCheckpointSaver`: each call crosses from
+    this test's loop to the saver's private loop and back."""
+
+    @checkpointer_test(name="buffered-sync")
+    async def factory() -> AsyncIterator[SyncBufferedCheckpointSaver]:
+        saver = await asyncio.to_thread(SyncBufferedCheckpointSaver.connect, lg_config)
+        try:
+            yield saver
+        finally:
+            await asyncio.to_thread(saver.close)
+
+    report = await validate(factory)
+
+    failures = {name: r.failures for name, r in report.results.items() if r.failures}
+    assert report.passed_all_base(), failures
+    for capability in ALL_CAPABILITIES:
+        result = report.results[capability.value]
+        assert result.detected, capability.value
+        assert result.passed, (capability.value, result.failures)
+    counts = [(r.tests_passed, r.tests_failed, r.tests_skipped) for r in report.results.values()]
+    assert sum(c[0] for c in counts) == CASES, counts

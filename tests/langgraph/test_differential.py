@@ -88,6 +88,7 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
 ) -> None:
     ref_dsn, buf_dsn = schemas
     rnd = random.Random(seed)
+    across_rnd = random.Random(-seed)
     config = fresh_config(nats_url, buf_dsn, drain_on_close=False)
     async with (
         AsyncPostgresSaver.from_conn_string(ref_dsn) as ref,
@@ -125,8 +126,9 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
                 await buf.aprune([tid])
                 for key in [k for k in model.ids if k[0] == tid]:
                     model.ids[key] = model.ids[key][-1:]
-            for kind, rcfg, kwargs in probes(rnd, model, tid, ns):
+            for kind, rcfg, kwargs in probes(rnd, model, tid, ns, across_rnd):
                 if kind == "get":
+                    assert rcfg is not None
                     a, b = norm(await ref.aget_tuple(rcfg)), norm(await buf.aget_tuple(rcfg))
                 else:
                     a = [norm(t) async for t in ref.alist(rcfg, **kwargs)]
@@ -197,10 +199,10 @@ async def both_put(
 
 
 def probes(
-    rnd: random.Random, model: Model, tid: str, ns: str
-) -> list[tuple[str, RunnableConfig, dict[str, Any]]]:
+    rnd: random.Random, model: Model, tid: str, ns: str, across_rnd: random.Random
+) -> list[tuple[str, RunnableConfig | None, dict[str, Any]]]:
     """Reads of the thread just written: latest, one by id, pages, a metadata filter."""
-    found: list[tuple[str, RunnableConfig, dict[str, Any]]] = [
+    found: list[tuple[str, RunnableConfig | None, dict[str, Any]]] = [
         ("get", {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}, {})
     ]
     if model.ids.get((tid, ns)):
@@ -214,6 +216,13 @@ def probes(
     flt = {"filter": {"source": "loop", "run_id": "r1"}}
     found.append(("list", {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}, flt))
     found.append(("list", {"configurable": {"thread_id": tid}}, {"limit": 3}))
+    # A search across every thread (the schema is the test's own), pending ones included;
+    # drawn from its own generator, so the seeds' scenarios stay what they were.
+    across: dict[str, Any] = across_rnd.choice([{}, {"limit": 4}, {**flt, "limit": 2}])
+    if model.ids.get((tid, ns)) and across_rnd.random() < 0.5:
+        some = across_rnd.choice(model.ids[(tid, ns)])
+        across["before"] = {"configurable": {"checkpoint_id": some}}
+    found.append(("list", None, across))
     return found
 
 

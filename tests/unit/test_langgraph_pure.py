@@ -75,6 +75,28 @@ def test_langgraph_config_from_env_reads_its_prefix_and_shares_the_nats_url() ->
     )
 
 
+def test_langgraph_config_from_env_honours_database_url_and_nats_url() -> None:
+    """As the CLI and the quickstart do: the conventional variables, not localhost, when
+    no ``BUFSTORE_*`` variable says otherwise; the prefixed ones win."""
+    env = {"DATABASE_URL": "postgresql://app@db:5432/app", "NATS_URL": "nats://nats:4222"}
+    config = LangGraphConfig.from_env(env)
+    assert config.conninfo == "postgresql://app@db:5432/app"
+    assert config.nats_url == "nats://nats:4222"
+    shared = LangGraphConfig.from_env({**env, "BUFSTORE_NATS_URL": "nats://shared:4222"})
+    assert shared.nats_url == "nats://shared:4222"
+    mine = LangGraphConfig.from_env(
+        {
+            **env,
+            "BUFSTORE_LG_DATABASE_URL": "postgresql://lg@db/lg",
+            "BUFSTORE_LG_NATS_URL": "nats://lg:1",
+        }
+    )
+    assert (mine.conninfo, mine.nats_url) == ("postgresql://lg@db/lg", "nats://lg:1")
+    assert LangGraphConfig.from_env(env, database_url="postgresql://kw@db/kw").conninfo == (
+        "postgresql://kw@db/kw"
+    )
+
+
 @pytest.mark.parametrize(
     "bad",
     [
