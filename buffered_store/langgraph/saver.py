@@ -24,13 +24,14 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, Writer
@@ -53,7 +54,7 @@ from buffered_store.errors import (
     ThreadOwnershipError,
     ValidationError,
 )
-from buffered_store.langgraph import overlay
+from buffered_store.langgraph import history, overlay
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.entry import (
     LG_FORMAT,
@@ -686,7 +687,15 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             if self.settings.read_consistency is not ReadConsistency.EVENTUAL:
                 await self.force_flush_all()
             where, args = self._search_where(None, filter, before)
-            for row in await self.sink.search(where, args, limit=limit):
+            rows = await self.sink.search(where, args, limit=limit)
+            if migrating := [r for r in rows if overlay.migrates_sends(r)]:
+                # As AsyncPostgresSaver does: one lookup, in the first row's thread.
+                sends = await self.sink.pending_sends(
+                    rows[0]["thread_id"], [r["parent_checkpoint_id"] for r in migrating]
+                )
+                for row in migrating:
+                    row["_sends"] = sends.get(row["parent_checkpoint_id"])
+            for row in rows:
                 yield self._to_tuple(row)
             return
         cfg: RunnableConfig = {"configurable": dict(config["configurable"])}
@@ -739,19 +748,136 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             _, rows = await self.sink.read(
                 thread_id, where, params, limit=limit + len(tail.checkpoints)
             )
-        chosen = self._merge(rows, tail, thread_id, config, flt, before, limit)
+        order = await self._order(rows, tail, config, before)
+        chosen = self._merge(rows, tail, thread_id, config, flt, before, limit, order)
         blob_keys, write_keys = overlay.wanted(chosen, tail)
+        parents = overlay.sends_to_assemble(chosen, tail)
         if tail.deleted:
             stored_blobs: dict[overlay.BlobKey, tuple[str, bytes | None]] = {}
             stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
+            at_parents: list[overlay.ParentWrite] = []
         else:
-            stored_blobs, stored_writes = await asyncio.gather(
-                self.sink.blobs(thread_id, blob_keys), self.sink.writes(thread_id, write_keys)
+            stored_blobs, stored_writes, at_parents = await asyncio.gather(
+                self.sink.blobs(thread_id, blob_keys),
+                self.sink.writes(thread_id, write_keys),
+                self.sink.parent_writes(thread_id, parents, overlay.tail_write_keys(tail, parents)),
             )
+        await self._assemble_sends(chosen, tail, parents, at_parents)
         return [
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
             for row in chosen
         ]
+
+    async def _order(
+        self,
+        rows: list[dict[str, Any]],
+        tail: overlay.Tail,
+        config: RunnableConfig,
+        before: RunnableConfig | None,
+    ) -> overlay.Order:
+        """The database's order of the ids a merge compares: code points, or (under
+        another collation, when unflushed checkpoints take part) the ranks Postgres
+        gives them, in one round trip."""
+        found = overlay.candidates(
+            tail,
+            ns=config["configurable"].get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config),
+        )
+        if not found or await self.sink.collation():
+            return overlay.CODE_POINT
+        ids = [key[1] for key in found] + [r["checkpoint_id"] for r in rows]
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            ids.append(before_id)
+        return overlay.Order(await self.sink.collation_ranks(ids))
+
+    async def _assemble_sends(
+        self,
+        chosen: list[dict[str, Any]],
+        tail: overlay.Tail,
+        parents: Sequence[str],
+        stored: Sequence[overlay.ParentWrite],
+    ) -> None:
+        """Set the pending sends (``_sends``) of the rows whose parent's sends were not
+        read with them: the parents' ``__pregel_tasks`` writes, stored and unflushed,
+        in the database's order of (task_path, task_id, idx)."""
+        if not parents:
+            return
+        groups = {p: overlay.sends(p, tail, stored, TASKS) for p in parents}
+        order = overlay.CODE_POINT
+        if any(len(g) > 1 for g in groups.values()) and not await self.sink.collation():
+            texts = [text for g in groups.values() for w in g for text in w[:2]]
+            order = overlay.Order(await self.sink.collation_ranks(texts))
+        for group in groups.values():
+            group.sort(key=lambda w: (order.key(w[0]), order.key(w[1]), w[2]))
+        for row in chosen:
+            parent = row["parent_checkpoint_id"]
+            if parent in groups and overlay.migrates_sends(row):
+                row["_sends"] = [(w[3].encode(), w[4]) for w in groups[parent]]
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """AsyncPostgresSaver's delta-channel history (the same walk, chains, seeds and
+        write order) over the unflushed tail and Postgres: one statement walks the
+        parents, one round trip reads the writes and seeds (see `langgraph.history`).
+        Raises `DatabaseUnavailableError` while Postgres is down."""
+        if not channels:
+            return {}
+        self._check_open()
+        names = list(channels)
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        ns = configurable.get("checkpoint_ns", "")
+        target = get_checkpoint_id(config)
+        tail = await self._pending_tail(thread_id)
+        rows = await self.sink.history_walk(
+            history.walk_sql(len(names), named=bool(target)),
+            history.walk_params(thread_id, ns, target or None, names, tail),
+        )
+        found = history.walk(rows, names)
+        pairs, touched, blob_keys = history.wanted(found, ns, tail)
+        stored_writes, stored_blobs = await asyncio.gather(
+            self.sink.history_writes(thread_id, ns, pairs, touched),
+            self.sink.blobs(thread_id, blob_keys),
+        )
+        return self._build_delta_channels_writes_history(
+            channels=names,
+            chain_by_ch=found.chains,
+            seed_ver_by_ch=found.seed_versions,
+            seed_inline_by_ch=found.seed_inline,
+            stage2_rows=cast(
+                Any, history.stage2_rows(found, ns, tail, stored_writes, stored_blobs)
+            ),
+        )
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self._sync(self.aget_delta_channel_history(config=config, channels=channels))
+
+    async def _pending_tail(self, thread_id: str) -> overlay.Tail | None:
+        """The thread's unflushed tail as ``read_consistency`` sees it (None: nothing
+        to lay over Postgres). A pending logical operation is flushed first, as for
+        `_read`."""
+        consistency = self.settings.read_consistency
+        if consistency is ReadConsistency.STRONG:
+            await self.force_flush(thread_id)
+        if consistency is not ReadConsistency.READ_YOUR_WRITES:
+            return None
+        for _ in range(MAX_READ_ATTEMPTS):
+            (hot, upto), marks = await asyncio.gather(
+                self._log.latest(thread_id), self.sink.flushed_seqs([thread_id])
+            )
+            flushed = marks[thread_id]
+            if upto <= flushed:
+                return None
+            record = hot.record if hot is not None else None
+            if record is None or record.logical_seq <= flushed:
+                entries = await self._log.entries_between(thread_id, flushed, upto, record)
+                if all(e.simple for e in entries):
+                    return overlay.fold(entries)
+            await self.force_flush(thread_id)
+        raise StoreError(f"thread {thread_id!r} kept changing while being read")
 
     async def _read_without_db(
         self,
@@ -791,9 +917,22 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         ):
             raise error
         tail = overlay.fold(entries)
+        found = overlay.candidates(
+            tail,
+            ns=config["configurable"].get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config),
+        )
+        if len(found) > 1 and self.sink.code_point_order is False:
+            raise error  # only the database can order them (see docs/how-to/langgraph.md)
         chosen = self._merge([], tail, thread_id, config, flt, before, limit)
         if overlay.needs_stored_bases(chosen, tail):
             raise error  # a value is a delta on a blob only Postgres holds
+        parents = overlay.sends_to_assemble(chosen, tail)
+        if self.sink.code_point_order is False and any(
+            len(overlay.sends(p, tail, [], TASKS)) > 1 for p in parents
+        ):
+            raise error
+        await self._assemble_sends(chosen, tail, parents, [])
         self._stats["wal_only_reads"] += 1
         return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
 
@@ -806,6 +945,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         flt: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
+        order: overlay.Order = overlay.CODE_POINT,
     ) -> list[dict[str, Any]]:
         """`overlay.merge` with the read's selection taken from its arguments."""
         return overlay.merge(
@@ -817,10 +957,16 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             before_id=get_checkpoint_id(before) if before else None,
             metadata_filter=flt,
             limit=limit,
+            order=order,
         )
 
     def _to_tuple(self, value: dict[str, Any]) -> CheckpointTuple:
         parent = value["parent_checkpoint_id"]
+        if sends := value.get("_sends"):
+            # A checkpoint before format 4: its parent's pending sends become a channel.
+            if value["channel_values"] is None:
+                value["channel_values"] = []
+            self._migrate_pending_sends(sends, value["checkpoint"], value["channel_values"])
         # The stored checkpoint JSON is a Checkpoint with its blob values taken out.
         checkpoint = cast(
             Checkpoint,

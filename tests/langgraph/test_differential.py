@@ -10,8 +10,6 @@ implement them (their semantics here are ours; the conformance suite covers them
 from __future__ import annotations
 
 import random
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,26 +57,6 @@ class Model:
             self.ids.pop(key, None)
         for vkey in [k for k in self.versions if k[0] == tid]:
             self.versions.pop(vkey)
-
-
-@pytest.fixture
-async def schemas(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """Two fresh schemas (reference, buffered): libpq URLs searching each first."""
-    run = uuid.uuid4().hex[:8]
-    names = (f"ref_{run}", f"buf_{run}")
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        for name in names:
-            await conn.execute(f"CREATE SCHEMA {name}")
-    sep = "&" if "?" in pg_dsn else "?"
-    try:
-        yield (
-            f"{pg_dsn}{sep}options=-csearch_path%3D{names[0]}",
-            f"{pg_dsn}{sep}options=-csearch_path%3D{names[1]}",
-        )
-    finally:
-        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-            for name in names:
-                await conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
