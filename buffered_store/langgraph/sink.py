@@ -14,6 +14,8 @@ the driver's exception class.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
@@ -211,7 +213,12 @@ class LangGraphSink:
         except psycopg_pool.PoolTimeout as exc:
             await pool.close()
             raise DatabaseUnavailableError(f"cannot connect to Postgres: {exc}") from exc
-        return cls(pool, timeout_s=timeout_s)
+        sink = cls(pool, timeout_s=timeout_s)
+        # Known from the start, reads during a later outage know how ids are ordered.
+        with contextlib.suppress(StoreError, TimeoutError):
+            async with asyncio.timeout(min(timeout_s, 5.0)):
+                await sink.collation()
+        return sink
 
     async def close(self) -> None:
         await self.pool.close()

@@ -26,6 +26,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
 from langgraph.types import Send
 
+from buffered_store.errors import DatabaseUnavailableError
 from buffered_store.langgraph import BufferedCheckpointSaver
 from tests.langgraph.helpers import fresh_config
 
@@ -265,3 +266,40 @@ async def test_ids_are_ordered_by_the_database_collation(
                 await both.same("alist", listed, **kwargs)
             await both.same("aget_delta_channel_history", config=cfg(tid, "", "c"), channels=["k"])
             await both.buf.force_flush(tid)
+
+
+async def test_reads_without_postgres_order_ids_by_code_point_under_c(
+    nats_url: str, schemas: tuple[str, str]
+) -> None:
+    """While Postgres is down, the WAL alone answers for a thread it holds whole."""
+    await read_two_without_postgres(nats_url, schemas, icu=False)
+
+
+async def test_reads_without_postgres_do_not_guess_an_icu_order(
+    nats_url: str, icu_schemas: tuple[str, str]
+) -> None:
+    """Under a collation only Postgres can apply, a read that must order several
+    unflushed checkpoints raises `DatabaseUnavailableError` instead of guessing."""
+    await read_two_without_postgres(nats_url, icu_schemas, icu=True)
+
+
+async def read_two_without_postgres(nats_url: str, schemas: tuple[str, str], *, icu: bool) -> None:
+    tid = f"t-{uuid.uuid4().hex[:8]}"
+    async with pair(nats_url, schemas, "tail") as both:
+        await both.put(tid, "", None, "a", {"k": 1}, {"k": "1"})
+        await both.put(tid, "", "a", "B", {"k": 2}, {"k": "2"})
+
+        async def down(*args: Any, **kwargs: Any) -> Any:
+            raise DatabaseUnavailableError("Postgres is down (injected)")
+
+        both.buf.sink.read = down  # type: ignore[method-assign]
+        named = await both.buf.aget_tuple(cfg(tid, "", "B"))
+        assert named is not None
+        assert named.checkpoint["id"] == "B"
+        if icu:
+            with pytest.raises(DatabaseUnavailableError):
+                await both.buf.aget_tuple(cfg(tid))
+        else:
+            latest = await both.buf.aget_tuple(cfg(tid))
+            assert latest is not None
+            assert latest.checkpoint["id"] == "a"  # "B" < "a" by code point
