@@ -796,15 +796,18 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         tail: overlay.Tail,
         parents: Sequence[str],
         stored: Sequence[overlay.ParentWrite],
+        *,
+        ask_db: bool = True,
     ) -> None:
         """Set the pending sends (``_sends``) of the rows whose parent's sends were not
         read with them: the parents' ``__pregel_tasks`` writes, stored and unflushed,
-        in the database's order of (task_path, task_id, idx)."""
+        in the database's order of (task_path, task_id, idx) (by code point without
+        `ask_db`: the caller checked that the collation allows it)."""
         if not parents:
             return
         groups = {p: overlay.sends(p, tail, stored, TASKS) for p in parents}
         order = overlay.CODE_POINT
-        if any(len(g) > 1 for g in groups.values()) and not await self.sink.collation():
+        if ask_db and any(len(g) > 1 for g in groups.values()) and not await self.sink.collation():
             texts = [text for g in groups.values() for w in g for text in w[:2]]
             order = overlay.Order(await self.sink.collation_ranks(texts))
         for group in groups.values():
@@ -932,7 +935,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             len(overlay.sends(p, tail, [], TASKS)) > 1 for p in parents
         ):
             raise error
-        await self._assemble_sends(chosen, tail, parents, [])
+        await self._assemble_sends(chosen, tail, parents, [], ask_db=False)
         self._stats["wal_only_reads"] += 1
         return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
 

@@ -13,6 +13,7 @@ itself wrote.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -233,6 +234,11 @@ async def test_delta_channel_history_costs_constant_round_trips(
         assert got == await both.ref.aget_delta_channel_history(config=cfg(tid), channels=["d"])
         assert len(got["d"]["writes"]) == 39
         assert used <= 4  # watermark, walk, then writes and seed side by side
+        # The sync method bridges onto the saver's loop, from another thread.
+        assert (
+            await asyncio.to_thread(buf.get_delta_channel_history, config=cfg(tid), channels=["d"])
+            == got
+        )
 
 
 # -- item 5: checkpoint ids in the database's collation order ------------------------------
