@@ -13,6 +13,9 @@ parameters and the folding of its rows are here; the saver executes.
    through, so AsyncPostgresSaver's own `_try_advance_walks` decides chains and seeds.
 2. *The values* (one round trip): each chain's writes of its channel, stored and
    unflushed (applied as the flush would apply them), and each seed's blob.
+
+While Postgres is down, `tail_walk` makes the walk's rows from a tail that holds the
+thread's whole history.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 
 from buffered_store.langgraph.entry import delta_blob
@@ -136,6 +140,53 @@ def walk_params(
     }
     params.update({f"ch_{i}": ch for i, ch in enumerate(channels)})
     return params
+
+
+def _json_text(value: Any) -> str | None:
+    """A JSON value as Postgres's ``->>`` gives it (None for absent or null)."""
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def tail_walk(
+    tail: Tail, ns: str, target: str | None, channels: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The walk statement's rows computed from a tail that holds the thread's whole
+    history (Postgres is down), ids compared by code point."""
+    nodes = {cid: put for (cns, cid), put in tail.checkpoints.items() if cns == ns}
+    if target is None:
+        target = max(nodes, default=None)
+    if target is None or target not in nodes:
+        return []
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    seeded = [False] * len(channels)
+    cid: str | None = target
+    while cid is not None and cid in nodes and cid <= target:
+        if cid in seen:
+            rows[-1] = {**rows[-1], "parent_checkpoint_id": _CYCLE}
+            break
+        seen.add(cid)
+        put = nodes[cid]
+        cp = orjson.loads(put.checkpoint)
+        row: dict[str, Any] = {"checkpoint_id": cid, "parent_checkpoint_id": put.parent_id}
+        for i, ch in enumerate(channels):
+            version = _json_text(cp.get("channel_versions", {}).get(ch))
+            key = (ns, ch, version or "")
+            blob = tail.blobs.get(key)
+            has_blob = version is not None and (
+                (blob is not None and blob[0] != "empty") or key in tail.deltas
+            )
+            inline = cp.get("channel_values", {}).get(ch)
+            row.update({f"ver_{i}": version, f"hb_{i}": has_blob, f"inline_{i}": inline})
+            if rows:  # the target's own value does not end the walk
+                seeded[i] = seeded[i] or has_blob or inline is not None
+        rows.append(row)
+        if len(rows) > 1 and all(seeded):
+            break
+        cid = put.parent_id
+    return rows
 
 
 @dataclass(slots=True)

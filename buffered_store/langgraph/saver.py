@@ -823,7 +823,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         """AsyncPostgresSaver's delta-channel history (the same walk, chains, seeds and
         write order) over the unflushed tail and Postgres: one statement walks the
         parents, one round trip reads the writes and seeds (see `langgraph.history`).
-        Raises `DatabaseUnavailableError` while Postgres is down."""
+        While Postgres is down it answers from the WAL alone, as reads do, when the WAL
+        holds the thread's whole history; otherwise it raises `DatabaseUnavailableError`."""
         if not channels:
             return {}
         self._check_open()
@@ -831,18 +832,29 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
-        target = get_checkpoint_id(config)
-        tail = await self._pending_tail(thread_id)
-        rows = await self.sink.history_walk(
-            history.walk_sql(len(names), named=bool(target)),
-            history.walk_params(thread_id, ns, target or None, names, tail),
-        )
-        found = history.walk(rows, names)
-        pairs, touched, blob_keys = history.wanted(found, ns, tail)
-        stored_writes, stored_blobs = await asyncio.gather(
-            self.sink.history_writes(thread_id, ns, pairs, touched),
-            self.sink.blobs(thread_id, blob_keys),
-        )
+        target = get_checkpoint_id(config) or None
+        try:
+            tail = await self._pending_tail(thread_id)
+            rows = await self.sink.history_walk(
+                history.walk_sql(len(names), named=target is not None),
+                history.walk_params(thread_id, ns, target, names, tail),
+            )
+            found = history.walk(rows, names)
+            pairs, touched, blob_keys = history.wanted(found, ns, tail)
+            stored_writes, stored_blobs = await asyncio.gather(
+                self.sink.history_writes(thread_id, ns, pairs, touched),
+                self.sink.blobs(thread_id, blob_keys),
+            )
+        except DatabaseUnavailableError as exc:
+            whole = await self._whole_tail(thread_id, exc)
+            if whole is None:
+                return {ch: {"writes": []} for ch in names}
+            if self.sink.code_point_order is False and len(whole.checkpoints) > 1:
+                raise  # only the database can order the ids (see docs/how-to/langgraph.md)
+            tail, stored_writes, stored_blobs = whole, [], {}
+            found = history.walk(history.tail_walk(tail, ns, target, names), names)
+            if any((ns, ch, v) in tail.deltas for ch, v in found.seed_versions.items() if v):
+                raise  # a seed is a delta on a blob only Postgres holds
         return self._build_delta_channels_writes_history(
             channels=names,
             chain_by_ch=found.chains,
@@ -903,23 +915,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
           starts at seq 1, or with a jump made while Postgres was down) and none of them
           is a logical operation (runs, prune, copy): they are folded on nothing.
         """
-        hot, upto = await self._log.latest(thread_id)
-        if upto == 0:
+        tail = await self._whole_tail(thread_id, error)
+        if tail is None:
             self._stats["wal_only_reads"] += 1
             return []
-        record = hot.record if hot is not None else None
-        try:
-            entries = await self._log.entries_between(thread_id, 0, upto, record)
-        except StoreError:
-            raise error from None  # part of the chain left the stream: Postgres holds it
-        if (
-            not entries
-            or not (entries[0].seq == 1 or entries[0].jump)
-            or not all(e.simple for e in entries)
-            or (record is not None and record.chain_from > entries[0].seq)
-        ):
-            raise error
-        tail = overlay.fold(entries)
         found = overlay.candidates(
             tail,
             ns=config["configurable"].get("checkpoint_ns"),
@@ -938,6 +937,29 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         await self._assemble_sends(chosen, tail, parents, [], ask_db=False)
         self._stats["wal_only_reads"] += 1
         return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
+
+    async def _whole_tail(
+        self, thread_id: str, error: DatabaseUnavailableError
+    ) -> overlay.Tail | None:
+        """The thread's whole history from the WAL alone (see `_read_without_db`); None
+        when the WAL never saw the thread; `error` raised when Postgres holds part of
+        it."""
+        hot, upto = await self._log.latest(thread_id)
+        if upto == 0:
+            return None
+        record = hot.record if hot is not None else None
+        try:
+            entries = await self._log.entries_between(thread_id, 0, upto, record)
+        except StoreError:
+            raise error from None  # part of the chain left the stream: Postgres holds it
+        if (
+            not entries
+            or not (entries[0].seq == 1 or entries[0].jump)
+            or not all(e.simple for e in entries)
+            or (record is not None and record.chain_from > entries[0].seq)
+        ):
+            raise error
+        return overlay.fold(entries)
 
     @staticmethod
     def _merge(

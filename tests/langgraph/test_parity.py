@@ -203,6 +203,29 @@ async def test_delta_channel_history_is_async_postgres_savers(
         assert history["e"]["seed"] == 7
 
 
+async def test_delta_channel_history_without_postgres_is_read_from_the_wal(
+    nats_url: str, schemas: tuple[str, str]
+) -> None:
+    """While Postgres is down, a thread the WAL holds whole answers from the WAL alone
+    (a graph with a DeltaChannel keeps running, as the others do)."""
+    tid = f"t-{uuid.uuid4().hex[:8]}"
+    chain = ids(9)
+    async with pair(nats_url, schemas, "tail") as both:
+        await build_delta_thread(both, tid, chain)
+
+        async def down(*args: Any, **kwargs: Any) -> Any:
+            raise DatabaseUnavailableError("Postgres is down (injected)")
+
+        real = both.buf.sink.flushed_seqs
+        both.buf.sink.flushed_seqs = down  # type: ignore[method-assign]
+        channels = ["d", "e", "f", "x", "nothing"]
+        for target in [cfg(tid), cfg(tid, "", "missing-id"), cfg(f"{tid}-none")] + [
+            cfg(tid, "", cid) for cid in chain
+        ]:
+            await both.same("aget_delta_channel_history", config=target, channels=channels)
+        both.buf.sink.flushed_seqs = real  # type: ignore[method-assign]
+
+
 async def test_delta_channel_history_costs_constant_round_trips(
     nats_url: str, schemas: tuple[str, str]
 ) -> None:
