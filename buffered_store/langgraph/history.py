@@ -61,8 +61,12 @@ def _node(at: str) -> str:
         "FROM checkpoints WHERE %(stored)s AND thread_id = %(thread)s "
         f"AND checkpoint_ns = %(ns)s AND checkpoint_id = {at} "
         "AND checkpoint_id <> ALL(%(tids)s::text[]) "
-        "UNION ALL SELECT cid, pid, cp::jsonb FROM "
-        "unnest(%(tids)s::text[], %(tpids)s::text[], %(tcps)s::text[]) AS t(cid, pid, cp) "
+        # A checkpoint put again keeps its stored parent (the flush's upsert keeps it).
+        "UNION ALL SELECT t.cid, CASE WHEN s.found THEN s.pid ELSE t.pid END, t.cp::jsonb "
+        "FROM unnest(%(tids)s::text[], %(tpids)s::text[], %(tcps)s::text[]) AS t(cid, pid, cp) "
+        "LEFT JOIN LATERAL (SELECT true AS found, parent_checkpoint_id AS pid "
+        "FROM checkpoints WHERE %(stored)s AND thread_id = %(thread)s "
+        "AND checkpoint_ns = %(ns)s AND checkpoint_id = t.cid) AS s ON true "
         f"WHERE t.cid = {at}"
     )
 

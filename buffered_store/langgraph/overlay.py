@@ -10,7 +10,7 @@ saver turns merged rows into `CheckpointTuple` with LangGraph's own loaders.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -73,7 +73,12 @@ def fold(entries: Sequence[LgEntry]) -> Tail:
     tail = Tail(deleted=cut >= 0)
     for op in ops[cut + 1 :]:
         if isinstance(op, Put):
-            tail.checkpoints[(op.ns, op.checkpoint_id)] = op
+            earlier = tail.checkpoints.get((op.ns, op.checkpoint_id))
+            # A checkpoint put again keeps its first parent (the upsert only replaces
+            # the checkpoint and its metadata).
+            tail.checkpoints[(op.ns, op.checkpoint_id)] = (
+                op if earlier is None else replace(op, parent_id=earlier.parent_id)
+            )
             for blob in op.blobs:
                 key = (op.ns, blob.channel, blob.version)
                 if key in tail.blobs or key in tail.deltas:
@@ -197,6 +202,20 @@ def candidates(tail: Tail, *, ns: str | None, checkpoint_id: str | None) -> list
         for key in tail.checkpoints
         if (ns is None or key[0] == ns) and (checkpoint_id is None or key[1] == checkpoint_id)
     ]
+
+
+def keep_stored_parents(chosen: Sequence[Row], parents: Mapping[WriteKey, str | None]) -> None:
+    """Pending rows put again over a stored checkpoint keep the stored row's parent, as
+    the flush's upsert does (`parents`: the stored parents of pending rows' keys)."""
+    for row in chosen:
+        key = (row["checkpoint_ns"], row["checkpoint_id"])
+        if row.get("_pending") and key in parents:
+            row["parent_checkpoint_id"] = parents[key]
+
+
+def pending_keys(chosen: Sequence[Row]) -> list[WriteKey]:
+    """(ns, checkpoint id) of the chosen rows that come from the tail."""
+    return [(r["checkpoint_ns"], r["checkpoint_id"]) for r in chosen if r.get("_pending")]
 
 
 def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[WriteKey]]:

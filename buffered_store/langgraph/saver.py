@@ -757,11 +757,22 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
             at_parents: list[overlay.ParentWrite] = []
         else:
-            stored_blobs, stored_writes, at_parents = await asyncio.gather(
+            stored_blobs, stored_writes, at_parents, stored_parents = await asyncio.gather(
                 self.sink.blobs(thread_id, blob_keys),
                 self.sink.writes(thread_id, write_keys),
                 self.sink.parent_writes(thread_id, parents, overlay.tail_write_keys(tail, parents)),
+                self.sink.stored_parents(thread_id, overlay.pending_keys(chosen)),
             )
+            overlay.keep_stored_parents(chosen, stored_parents)
+            if missing := sorted(set(overlay.sends_to_assemble(chosen, tail)) - set(parents)):
+                # A checkpoint put again over a stored one with another parent (rare).
+                parents = [*parents, *missing]
+                at_parents = [
+                    *at_parents,
+                    *await self.sink.parent_writes(
+                        thread_id, missing, overlay.tail_write_keys(tail, missing)
+                    ),
+                ]
         await self._assemble_sends(chosen, tail, parents, at_parents)
         return [
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))

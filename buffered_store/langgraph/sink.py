@@ -492,6 +492,24 @@ class LangGraphSink:
                 for r in await cur.fetchall()
             ]
 
+    async def stored_parents(
+        self, thread_id: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], str | None]:
+        """(ns, checkpoint id) -> parent checkpoint id, of those checkpoints stored."""
+        if not keys:
+            return {}
+        async with self.connection("read parents") as conn:
+            cur = await conn.execute(
+                "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints "
+                "WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                (thread_id, [k[0] for k in keys], [k[1] for k in keys]),
+            )
+            return {
+                (r["checkpoint_ns"], r["checkpoint_id"]): r["parent_checkpoint_id"]
+                for r in await cur.fetchall()
+            }
+
     async def pending_sends(
         self, thread_id: str, parents: Sequence[str]
     ) -> dict[str, list[tuple[bytes, bytes]]]:

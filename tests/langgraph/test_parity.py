@@ -332,3 +332,25 @@ async def read_two_without_postgres(nats_url: str, schemas: tuple[str, str], *, 
             latest = await both.buf.aget_tuple(cfg(tid))
             assert latest is not None
             assert latest.checkpoint["id"] == "a"  # "B" < "a" by code point
+
+
+@pytest.mark.parametrize("flush_between", [False, True])
+async def test_a_checkpoint_put_again_keeps_its_first_parent(
+    flush_between: bool, nats_url: str, schemas: tuple[str, str]
+) -> None:
+    """AsyncPostgresSaver's upsert replaces a checkpoint and its metadata, not its
+    parent: reads of the unflushed put give the first parent too (its pending sends,
+    its history), whether the first put is flushed or not."""
+    tid = f"t-{uuid.uuid4().hex[:8]}"
+    a, b = ids(2)
+    async with pair(nats_url, schemas, "tail") as both:
+        await both.put(tid, "", None, a, {"k": [1]}, {"k": "1"})
+        await both.writes(tid, "", a, [(TASKS, Send("n", 1)), ("k", 5)], "task", "~p")
+        await both.put(tid, "", a, b, {}, {"k": "2"}, v=2)
+        if flush_between:
+            await both.buf.force_flush(tid)
+        await both.put(tid, "", None, b, {}, {"k": "3"}, v=2)
+        await both.same("aget_tuple", cfg(tid))
+        await both.same("aget_tuple", cfg(tid, "", b))
+        await both.same("alist", cfg(tid))
+        await both.same("aget_delta_channel_history", config=cfg(tid), channels=["k"])
