@@ -4,7 +4,8 @@ mostly answering from its unflushed tail), then, after `force_flush_all`, LangGr
 three tables compared row for row.
 
 Beyond puts, writes, flushes, deletes and prunes, the calls cover what issue 24 names:
-checkpoints of format versions before 4 whose parents hold pending sends
+checkpoints put again with another parent, checkpoints of format versions before 4
+whose parents hold pending sends
 (``__pregel_tasks`` writes), delta-channel histories (inline values, JSON ``null``,
 `_DeltaSnapshot` blobs, growing lists written as deltas) read after every step, deletes
 racing a flush, and, as in the thread-run model test (tests/integration/test_model.py),
@@ -156,8 +157,8 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
         ops: dict[str, int] = {}
         for step in range(STEPS):
             op = rnd.choices(
-                ["put", "writes", "flush", "delete", "prune", "delete_race", "flusher"],
-                [40, 40, 8, 2, 2, 3, 4],
+                ["put", "writes", "flush", "delete", "prune", "delete_race", "flusher", "again"],
+                [40, 40, 8, 2, 2, 3, 4, 3],
             )[0]
             tid, ns = rnd.choice(THREADS), rnd.choice(NAMESPACES)
             ops[op] = ops.get(op, 0) + 1
@@ -167,6 +168,8 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
                 ops[fault] = ops.get(fault, 0) + 1
             if op == "put":
                 await both_put(ref, buf, model, rnd, tid, ns, step)
+            elif op == "again" and model.ids.get((tid, ns)):
+                await both_put(ref, buf, model, rnd, tid, ns, step, again=True)
             elif op == "writes" and model.ids.get((tid, ns)):
                 cid = rnd.choice(model.ids[(tid, ns)][-3:])
                 chans = rnd.choice(WRITE_CHANNELS)
@@ -250,7 +253,11 @@ async def both_put(
     tid: str,
     ns: str,
     step: int,
+    *,
+    again: bool = False,
 ) -> None:
+    """A new checkpoint on the namespace's head; `again`: an existing checkpoint put
+    again, with another parent (its first one stays)."""
     chosen = rnd.sample(CHANNELS, k=rnd.randint(0, len(CHANNELS)))
     new_versions: dict[str, str | int | float] = {}
     versions: dict[str, str | int | float] = {}
@@ -278,18 +285,25 @@ async def both_put(
         if key in model.versions:
             versions[ch] = model.versions[key]
             values[ch] = model.values[key]
-    cp = generate_checkpoint(channel_values=values, channel_versions=versions)
+    known = model.ids.get((tid, ns), [])
+    cp = generate_checkpoint(
+        checkpoint_id=rnd.choice(known) if again else None,
+        channel_values=values,
+        channel_versions=versions,
+    )
     # Before format 4 (langgraph-checkpoint's own empty_checkpoint stamps 2) a
     # checkpoint's pending sends are read from its parent's __pregel_tasks writes.
     cp["v"] = rnd.choice([1, 2, 3, 4])
     md: CheckpointMetadata = {"source": rnd.choice(["input", "loop"]), "step": step, "parents": {}}
     md["run_id"] = rnd.choice(["r1", "r2"])
     pcfg: RunnableConfig = {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}
-    if (tid, ns) in model.heads:
-        pcfg["configurable"]["checkpoint_id"] = model.heads[(tid, ns)]
+    parent = rnd.choice([None, *known]) if again else model.heads.get((tid, ns))
+    if parent is not None:
+        pcfg["configurable"]["checkpoint_id"] = parent
     assert await ref.aput(pcfg, cp, md, new_versions) == await buf.aput(pcfg, cp, md, new_versions)
-    model.heads[(tid, ns)] = cp["id"]
-    model.ids.setdefault((tid, ns), []).append(cp["id"])
+    if not again:
+        model.heads[(tid, ns)] = cp["id"]
+        model.ids.setdefault((tid, ns), []).append(cp["id"])
 
 
 def probes(
