@@ -74,7 +74,7 @@ def _scenario_command(name: str) -> click.Command:
         type=click.FloatRange(min=0.0),
         default=None,
         help="Round trip (ms) a delaying proxy adds to every Postgres connection of the "
-        "sides, D/2 each way; NATS stays local (langgraph).",
+        "sides, D/2 each way; NATS stays local (langgraph, saturate).",
     )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(

@@ -29,6 +29,11 @@ def flusher_figures(stats: dict[str, Any]) -> dict[str, Any]:
     return {
         "cpu_us_per_entry": cpu_per_entry * 1e6 if cpu_per_entry else None,
         "entries_per_transaction": entries / transactions if transactions else None,
+        "cpu_us_per_entry_by_stage": {
+            stage: stats[f"cpu_per_entry_{stage}_s"] * 1e6
+            for stage in ("intake", "decode", "apply", "settle")
+            if stats.get(f"cpu_per_entry_{stage}_s") is not None
+        },
         "overlapped_cycles": stats.get("overlapped_cycles"),
         "cycles": stats.get("cycles"),
         "cpu_method": "the flusher's cpu_s stat (time.process_time of its process, summed "

@@ -77,6 +77,14 @@ SIDE_ROWS: list[Row] = [
     ),
     ("drain after writes s", at("flush", "drain_s"), "s"),
     ("flusher CPU µs / flushed entry", at("flush", "cpu_us_per_entry"), "ratio"),
+    *(
+        (
+            f"  {stage} CPU µs / flushed entry",
+            at("flush", "cpu_us_per_entry_by_stage", stage),
+            "ratio",
+        )
+        for stage in ("intake", "decode", "apply", "settle")
+    ),
     ("flusher entries / transaction", at("flush", "entries_per_transaction"), "ratio"),
     ("CPU s total", at("cpu", "seconds", "total"), "s"),
     (

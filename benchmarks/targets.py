@@ -43,6 +43,11 @@ DESIGN_TARGETS = {
         "maximum sustainable checkpoints/s, 64 threads, flusher running: buffered vs direct",
         "at least 3x",
     ),
+    "flush_remote": (
+        "checkpoints/s the flusher applies with Postgres behind a slower link (writes + "
+        "drain), vs the direct store's closed-loop maximum over the same link",
+        "at least 3x",
+    ),
     "writer_cpu": (
         "writer CPU per checkpoint from 50 to 2,000 messages of history",
         "flat: max/min at most 1.2",

@@ -181,6 +181,11 @@ class BufferedStoreConfig(EngineConfig):
     cursor_cache_bytes: int = 64 * 1024 * 1024
     """Memory those snapshots may take (about): past it the least recently written
     threads are forgotten, and their next write reloads them (the slow path)."""
+    check_snapshots: bool = False
+    """Debug aid: every `checkpoint()` encodes its whole snapshot again to verify that no
+    message object seen by an earlier checkpoint of the thread was changed in place
+    (`ValidationError` if one was). Off, such a change is seen only in the last two
+    messages; `checkpoint()` then costs O(new messages), not O(history)."""
     run_claim_grace_s: float = 300.0
     """How long a run id claimed by a thread that does not (yet) hold the run stays
     reserved to it: the claiming checkpoint may still be in flight (a publish buffered

@@ -172,7 +172,6 @@ FLUSHER = Family(
             "flusher_dropped_unrecorded",
             "Undecodable messages dropped without a quarantine record.",
         ),
-        _c("mark_failures", "flusher_mark_failures", "KV flushed marks that could not be raised."),
         _c("nats_errors", "flusher_nats_errors", "Failed fetches or settles."),
         _c("resubscribes", "flusher_resubscribes", "Pull subscriptions re-created."),
         _c(
@@ -192,6 +191,15 @@ FLUSHER = Family(
             "Cycles whose messages were fetched while the previous cycle applied.",
         ),
         _c("cpu_s", "flusher_cpu_seconds", "CPU seconds of the flusher's process while draining."),
+        *(
+            _c(
+                f"cpu_{stage}_s",
+                "flusher_stage_cpu_seconds",
+                "CPU seconds of the flusher's cycles, by stage (decode, apply, settle).",
+                stage=stage,
+            )
+            for stage in ("decode", "apply", "settle")
+        ),
         _g(
             "cpu_per_entry_s",
             "flusher_cpu_per_entry_seconds",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -85,7 +86,9 @@ class CycleRunner:
         self.stats.cycles += 1
         self.stats.held = len(self.held)
         try:
+            cpu = time.process_time()
             work, bad = self._decode()
+            self.stats.cpu_decode_s += time.process_time() - cpu
             maybe_crash("mid_batch")
             await asyncio.gather(*(self.poison.undecodable(h, b) for h, b in bad))
             for _ in range(self.config.max_rounds):
@@ -127,11 +130,15 @@ class CycleRunner:
 
     async def _round(self, work: dict[str, ThreadWork]) -> dict[str, ThreadWork]:
         items = list(work.values())
+        cpu = time.process_time()
         batches = [item.batch() for item in items]
         outcomes = await self.apply(batches)
+        applied = time.process_time()
+        self.stats.cpu_apply_s += applied - cpu
         results = await asyncio.gather(
             *(self._after(w, b, o) for w, b, o in zip(items, batches, outcomes, strict=True))
         )
+        self.stats.cpu_settle_s += time.process_time() - applied
         return {w.thread_id: w for w in results if w is not None}
 
     async def apply(self, batches: Sequence[Sequence[Entry]]) -> list[ApplyOutcome]:
@@ -211,18 +218,8 @@ class CycleRunner:
         return None
 
     async def _confirm(self, work: ThreadWork, plan: ThreadPlan, *, stale: bool = False) -> bool:
-        """Raise the mark, then ack what it covers. False when the mark could not be raised
-        (the messages are given back: they are acked only after the mark)."""
-        if plan.mark is not None:
-            try:
-                await self.thread_log.raise_mark(work.thread_id, *plan.mark)
-            except StoreError as exc:
-                self.stats.mark_failures += 1
-                log.warning(
-                    "could not raise the flushed mark: %s", exc, extra={"action": "mark_failed"}
-                )
-                await self.settler.all(work.held, Settle.NAK, self.config.requeue_delay_s)
-                return False
+        """Ack what the committed watermark covers. (The watermark lives in the sink,
+        committed with the data: no KV mark is raised per thread and cycle.)"""
         covered = [h for h in work.unsettled() if h.entry and h.entry.seq <= plan.ack_upto]
         if stale:
             self.stats.stale_entries += len(covered)

@@ -107,9 +107,8 @@ class ThreadPlan:
 
     step: Step
     ack_upto: int = 0
-    """Held messages whose entry seq is at or below this are acked (after the mark)."""
-    mark: tuple[int, int] | None = None
-    """(seq, stream_seq) the KV flushed watermark is raised to before any ack."""
+    """Held messages whose entry seq is at or below this are acked (their data and the
+    watermark are committed)."""
     fetch_after: int = 0
     fetch_upto: int = 0
     delay_s: float = 0.0
@@ -126,23 +125,6 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         """Delay before attempt `attempt + 1`."""
         return backoff_s(attempt, initial_s=self.initial_s, max_s=self.max_s)
-
-
-def mark_for(watermark: int, batch: Sequence[Entry]) -> tuple[int, int] | None:
-    """The KV mark to raise for `watermark`, with the best stream seq the batch knows.
-
-    The exact stream seq of the entry at `watermark` is used when the batch holds it; else
-    the highest stream seq of a batch entry at or below it. Entries of one subject sit in
-    seq order, so that is never past the watermark's entry: readers walking the subject
-    from it only start a little early. None when the batch knows no such entry.
-    """
-    best = 0
-    for entry in batch:
-        if entry.seq == watermark and entry.stream_seq:
-            return (watermark, entry.stream_seq)
-        if entry.seq <= watermark:
-            best = max(best, entry.stream_seq)
-    return (watermark, best) if best else None
 
 
 def plan_outcome(
@@ -164,18 +146,16 @@ def plan_outcome(
     status = outcome.status
     watermark = outcome.flushed_seq
     if status is ApplyStatus.APPLIED or status is ApplyStatus.STALE:
-        mark = mark_for(watermark, batch)
         above = sorted(h.seq for h in held if h.seq > watermark)
         if not above:
-            return ThreadPlan(Step.DONE, ack_upto=watermark, mark=mark)
+            return ThreadPlan(Step.DONE, ack_upto=watermark)
         if above[0] == watermark + 1:
-            return ThreadPlan(Step.RETRY, ack_upto=watermark, mark=mark)
+            return ThreadPlan(Step.RETRY, ack_upto=watermark)
         # Held entries sit above a hole (another flusher holds the ones in between):
         # fetch the hole from the stream rather than wait for a redelivery.
         return ThreadPlan(
             Step.FETCH,
             ack_upto=watermark,
-            mark=mark,
             fetch_after=watermark,
             fetch_upto=above[0] - 1,
         )

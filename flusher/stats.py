@@ -63,8 +63,6 @@ class FlusherStats:
     """Threads newly quarantined by this flusher."""
     dropped_unrecorded: int = 0
     """Undecodable messages terminated although their quarantine record could not be written."""
-    mark_failures: int = 0
-    """KV flushed watermarks that could not be raised (their messages stayed unacked)."""
     nats_errors: int = 0
     """Fetch or settle failures other than the normal fetch timeout."""
     resubscribes: int = 0
@@ -78,6 +76,15 @@ class FlusherStats:
     cpu_s: float = 0.0
     """CPU seconds of the whole process (`time.process_time`) while the drain loop ran,
     summed cycle by cycle: decoding, applying, settling and the fetching in between."""
+    cpu_decode_s: float = 0.0
+    """Of `cpu_s`: decoding the cycles' messages into entries (exact: no await inside)."""
+    cpu_apply_s: float = 0.0
+    """Of `cpu_s`: each round's `apply` call, from the batches to the outcomes (planning,
+    parameters, the database client). CPU of other tasks running during its awaits (the
+    intake's) counts here too: the stages are spans of one event loop."""
+    cpu_settle_s: float = 0.0
+    """Of `cpu_s`: what each round does with the outcomes: acks, naks, fetching missing
+    entries and quarantine (a rare re-apply included)."""
     cycle_errors: int = 0
     """Cycles aborted by an unexpected error (their messages were given back)."""
     held: int = 0
@@ -115,7 +122,9 @@ class FlusherStats:
 
     def as_dict(self) -> dict[str, int | float]:
         """A snapshot of the counters and gauges, plus `coalesced_entries` (entries saved
-        by coalescing) and `cpu_per_entry_s` (`cpu_s` per applied entry)."""
+        by coalescing), `cpu_per_entry_s` (`cpu_s` per applied entry) and the same per
+        stage: `cpu_per_entry_decode_s`, `_apply_s`, `_settle_s` and `_intake_s` (the
+        rest of `cpu_s`: fetching, the loop, timers)."""
         out: dict[str, int | float] = {
             item.name: getattr(self, item.name)
             for item in dataclasses.fields(self)
@@ -123,6 +132,14 @@ class FlusherStats:
         }
         out["coalesced_entries"] = max(0, self.entries_applied - self.threads_applied)
         out["cpu_per_entry_s"] = cpu_per_entry(self.cpu_s, self.entries_applied)
+        staged = self.cpu_decode_s + self.cpu_apply_s + self.cpu_settle_s
+        for stage, seconds in (
+            ("decode", self.cpu_decode_s),
+            ("apply", self.cpu_apply_s),
+            ("settle", self.cpu_settle_s),
+            ("intake", max(0.0, self.cpu_s - staged)),
+        ):
+            out[f"cpu_per_entry_{stage}_s"] = cpu_per_entry(seconds, self.entries_applied)
         return out
 
     def histograms(self) -> dict[str, HistogramSnapshot]:

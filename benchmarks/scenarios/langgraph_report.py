@@ -84,6 +84,14 @@ def rows() -> list[Row]:
             "ratio",
         ),
         ("flusher CPU µs / flushed entry (cycles)", at("flush", "cpu_us_per_entry"), "ratio"),
+        *(
+            (
+                f"  {stage} CPU µs / flushed entry",
+                at("flush", "cpu_us_per_entry_by_stage", stage),
+                "ratio",
+            )
+            for stage in ("intake", "decode", "apply", "settle")
+        ),
         ("flusher entries / transaction", at("flush", "entries_per_transaction"), "ratio"),
         ("threads force_flush_all still flushed", at("flush", "force_flush_all_threads"), "int"),
     ]

@@ -438,6 +438,7 @@ class Writer(Generic[E, H, S]):
                     self.hot_updates.submit(thread_id, cursor)
                 else:
                     cursor.revision = await self.advance_hot(thread_id, cursor.hot, base.revision)
+                    cursor.hot_behind = False
         except (StoreError, TimeoutError) as exc:
             if written is not None:
                 self.cursors.drop(thread_id)
@@ -566,6 +567,8 @@ class Writer(Generic[E, H, S]):
             state=state,
             # A deleted thread holds no claim: its ids may pass to other threads.
             claims=set() if entry.deletes else base.claims,
+            # Until `advance_hot` lands, readers of the KV do not see the entry yet.
+            hot_behind=True,
             state_bytes=weight,
         )
         self.cursors.put(thread_id, cursor)
@@ -651,6 +654,8 @@ class HotUpdates(Generic[H, S]):
                 current = self._writer.cursors.get(thread_id)
                 if current is not None:
                     current.revision = revision
+                    if current is cursor:
+                        current.hot_behind = False
         finally:
             del self._running[thread_id]
             if thread_id not in self._latest:

@@ -154,6 +154,15 @@ class ThreadLog(Generic[E, H]):
                 upto = max(upto, entry.seq)
         return hot, upto
 
+    async def last_entry(self, thread_id: str) -> tuple[bool, E | None]:
+        """Whether the thread's subject holds any message, and the entry its last one
+        holds (None when it is no readable entry of the thread). One direct get: the
+        stream's view of the thread's latest seq, whatever its hot record says."""
+        last = await self.wal.last_on(self.subject(thread_id))
+        if last is None:
+            return False, None
+        return True, self.decode(thread_id, last)
+
     async def mark(self, thread_id: str) -> FlushedMark | None:
         """The thread's KV flushed watermark, or None."""
         value = await self.wal.kv_get(flushed_key(thread_id))
@@ -223,9 +232,6 @@ class ThreadLog(Generic[E, H]):
         # Entries of one subject sit in seq order (each publish is a per-subject CAS), so
         # the walk can start at the newest stream position known to be at or below `after`.
         start = 1
-        mark = await self.mark(thread_id)
-        if mark is not None and mark.seq <= after:
-            start = mark.stream_seq + 1
         below = [stream_seq for seq, stream_seq in known.items() if seq <= after]
         if below:
             start = max(start, max(below) + 1)
@@ -286,16 +292,6 @@ class ThreadLog(Generic[E, H]):
                 out.append(entry)
         return out
 
-    async def catch_up_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
-        """Raise the flushed mark to `seq` if it is below (free when this log raised or
-        read it at or above `seq` already; else one read first)."""
-        known = self._marks.get(thread_id)
-        if known is not None and known[0] >= seq:
-            return
-        mark = await self.mark(thread_id)
-        if mark is None or mark.seq < seq:
-            await self.raise_mark(thread_id, seq, stream_seq)
-
     async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
         """Raise the KV flushed watermark to `seq` (never lowers it).
 
@@ -348,16 +344,17 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     checks the watermark inside its transaction).
     """
     hot, upto = await log_.latest(thread_id)
-    for attempt in range(20):
+    for _ in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
         if flushed >= upto:
-            if attempt == 0 and hot is not None:
-                await _repair_mark(log_, thread_id, flushed, hot.record)
             return flushed
         record = hot.record if hot else None
         entries = await log_.entries_between(thread_id, flushed, upto, record)
         [outcome] = await target.apply([entries])
         if outcome.status is ApplyStatus.APPLIED:
+            # A flush outside the flusher acknowledges no WAL message: the KV mark keeps
+            # what it did visible to `flush_status` while the target cannot answer (the
+            # flusher's cycles do not raise marks: their acks tell).
             last = entries[-1]
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
@@ -365,19 +362,6 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
-
-
-async def _repair_mark(log_: ThreadLog[E, H], thread_id: str, flushed: int, hot: H) -> None:
-    """Raise the KV flushed mark to the target's watermark when it lags behind it.
-
-    A flush cut short between its commit and its mark (a timeout, a crash) leaves the
-    data in the target with the mark below it; `bufstore status`, which reads the marks,
-    would show the thread as pending until its next write. Done when the stream seq of
-    the entry at `flushed` is known (the hot record's latest or recent ones).
-    """
-    stream_seq = dict(hot.recent).get(flushed) or (hot.stream_seq if hot.seq == flushed else 0)
-    if stream_seq:
-        await log_.catch_up_mark(thread_id, flushed, stream_seq)
 
 
 async def force_flush(

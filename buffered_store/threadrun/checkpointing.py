@@ -16,11 +16,11 @@ from buffered_store.engine.ids import check_aware, check_id
 from buffered_store.errors import RunOwnershipError, ValidationError
 from buffered_store.threadrun.entry import EntryKind, WalEntry
 from buffered_store.threadrun.messages import (
+    EncodedSnapshot,
     SnapshotDelta,
     check_json_object,
     check_json_value,
-    diff_snapshot,
-    encode_messages,
+    encode_snapshot,
 )
 from buffered_store.threadrun.records import RunRecord, Thread
 
@@ -40,13 +40,18 @@ class CheckpointInput:
     """A validated `checkpoint()` or `append()` call."""
 
     thread_id: str
-    encoded: list[bytes]
-    """Canonical bytes of every message of the new snapshot (of the appended ones only
-    when `append`)."""
+    snapshot: EncodedSnapshot
+    """The messages of the new snapshot (the appended ones only when `append`)."""
     run: RunRecord
     metadata: dict[str, Any] | None
     append: bool = False
-    """`encoded` extends the thread's current snapshot instead of replacing it."""
+    """`snapshot` extends the thread's current snapshot instead of replacing it."""
+
+    @property
+    def encoded(self) -> list[bytes]:
+        """Canonical bytes of every message of `snapshot` (O(history) for a checkpoint
+        whose prefix was reused: the buffered writer uses `snapshot.delta` instead)."""
+        return self.snapshot.new if self.append else self.snapshot.full()
 
 
 def validate_checkpoint(
@@ -57,12 +62,15 @@ def validate_checkpoint(
     *,
     previous: Sequence[bytes] | None = None,
     append: bool = False,
+    check: bool = False,
 ) -> CheckpointInput:
     """Check every argument of `checkpoint()` (of `append()` when `append`: `messages`
     are then only the new messages); raise `ValidationError` on the first problem.
 
     `previous` is the cached snapshot of the thread, whose unchanged prefix need not be
-    validated again (ignored for an append, which never looks at the history).
+    validated again (ignored for an append, which never looks at the history); `check`
+    verifies that the message objects it was encoded from were not changed in place
+    (`encode_messages`).
     """
     check_id(thread_id, "thread_id")
     if not isinstance(run, RunRecord):
@@ -74,8 +82,8 @@ def validate_checkpoint(
     check_json_value(run.output, "run.output")
     check_json_object(run.metadata, "run.metadata")
     checked_metadata = None if metadata is None else check_json_object(metadata, "metadata")
-    encoded = encode_messages(messages, None if append else previous)
-    return CheckpointInput(thread_id, encoded, run, checked_metadata, append)
+    snapshot = encode_snapshot(messages, None if append else previous, check=check)
+    return CheckpointInput(thread_id, snapshot, run, checked_metadata, append)
 
 
 def build_checkpoint_entry(
@@ -99,11 +107,14 @@ def build_checkpoint_entry(
     at them, so its cost does not depend on the history.
     """
     check_aware(now, "now")
+    origin = call.snapshot.origin
     if call.append:
-        delta = _append_delta(call.encoded, previous, previous_messages, jump=jump)
+        delta = _append_delta(call.snapshot.new, previous, previous_messages, jump=jump)
+        if delta.keep == 0 and len(delta.appended) != len(origin):
+            origin = ()  # a jump carrying the history too
     else:
         known = previous_messages if previous is not None and not jump else None
-        delta = diff_snapshot(known, call.encoded)
+        delta, origin = call.snapshot.delta(known)
     if previous is not None:
         created_at = previous.created_at
         parent = previous.parent_thread_id or call.run.parent_thread_id
@@ -128,6 +139,7 @@ def build_checkpoint_entry(
         metadata=metadata,
         writer=writer,
         jump=jump,
+        sources=origin,
     )
 
 

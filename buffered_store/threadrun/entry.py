@@ -24,7 +24,12 @@ import orjson
 from buffered_store.engine.entries import Header, advance_head, header_json, parse_entry
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
-from buffered_store.threadrun.messages import apply_delta, canonical_objects, decode_message
+from buffered_store.threadrun.messages import (
+    MessageSnapshot,
+    apply_delta,
+    canonical_objects,
+    decode_message,
+)
 from buffered_store.threadrun.records import Message, RunRecord, Thread
 
 
@@ -58,6 +63,10 @@ class WalEntry:
     """The entry starts a chain: it follows any lower seq, not only `seq - 1`."""
     stream_seq: int = 0
     """Where the entry sits in the stream, when read back from it (not encoded)."""
+    sources: Sequence[Any] = field(default=(), compare=False, repr=False)
+    """The message objects `messages` were encoded from, when this process built the
+    entry (not encoded; aligned with `messages`, or empty): the writer's snapshot of the
+    thread remembers them to recognise them in the next `checkpoint()`."""
 
     @property
     def deletes(self) -> bool:
@@ -368,26 +377,35 @@ class ThreadRunFormat:
         """A new or deleted thread's snapshot is empty; otherwise only a cursor at the
         same seq knows it."""
         if hot is None or hot.thread is None:
-            return []
+            return MessageSnapshot()
         return same_seq
 
     def state_after(
         self, state: list[bytes] | None, entry: WalEntry, *, owned: bool
     ) -> list[bytes] | None:
-        """The snapshot after `entry`. An owned snapshot that the entry extends is
-        extended in place instead of copying the history: safe because its cursor is
+        """The snapshot after `entry` (a `MessageSnapshot`, remembering the message
+        objects of entries this process built). An owned snapshot that the entry extends
+        is extended in place instead of copying the history: safe because its cursor is
         replaced by the new one and cursors hand their snapshot out only to readers that
         decode it before yielding."""
         if entry.kind is EntryKind.DELETE:
-            return []
+            return MessageSnapshot()
+        sources = entry.sources if len(entry.sources) == len(entry.messages) else ()
         if entry.keep == 0:
-            return list(entry.messages)
+            return MessageSnapshot(entry.messages, sources)
         if state is None or entry.keep > len(state):
             return None
+        lead: list[Any] = getattr(state, "sources", [])
+        aligned = len(lead) >= entry.keep
         if owned and entry.keep == len(state):
             state.extend(entry.messages)
+            if aligned and sources:
+                lead.extend(sources)  # a plain list has no sources: `lead` is a spare
             return state
-        return apply_delta(state, entry.keep, entry.messages)
+        return MessageSnapshot(
+            apply_delta(state, entry.keep, entry.messages),
+            [*lead[: entry.keep], *sources] if aligned else lead[: entry.keep],
+        )
 
     def state_bytes(self, state: list[bytes]) -> int:
         """The snapshot's message bytes plus a bytes object and a list slot each."""

@@ -8,7 +8,7 @@ and which ones it writes. Pure: no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -96,42 +96,170 @@ def encode_message(message: Any, index: int) -> bytes:
     return encoded
 
 
-def encode_messages(messages: Any, previous: Sequence[bytes] | None = None) -> list[bytes]:
-    """Validate a snapshot and return the canonical bytes of each message.
+class MessageSnapshot(list[bytes]):
+    """The canonical bytes of a snapshot's messages, remembering the message objects the
+    first of them were encoded from.
 
-    ``previous`` is the cached snapshot of the thread's last checkpoint. When the new
-    snapshot starts with the same messages (the usual append), that prefix is encoded in
-    one call and compared byte for byte: equal bytes are messages already validated, and
-    only the new ones are checked one by one. The cost stays one C-level pass over the
-    history instead of a Python walk of every message.
+    `sources` is an aligned prefix: ``sources[i]`` is the object ``self[i]`` was encoded
+    from, for every ``i < len(sources) <= len(self)``. A writer keeps the snapshot of a
+    thread's last checkpoint; the next `checkpoint()` usually passes the same list grown
+    by a few messages, whose leading items are then those very objects: `encode_messages`
+    recognises them with one pointer comparison each instead of an encoding.
+    """
+
+    __slots__ = ("sources",)
+
+    def __init__(self, encoded: Iterable[bytes] = (), sources: Iterable[Any] = ()) -> None:
+        super().__init__(encoded)
+        self.sources: list[Any] = list(sources)
+        del self.sources[len(self) :]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedSnapshot:
+    """A validated snapshot: the first `kept` messages are those of `base` (known equal
+    without encoding them), `new` the canonical bytes of the rest."""
+
+    base: Sequence[bytes]
+    kept: int
+    new: list[bytes]
+    lead: Sequence[Any]
+    """The message objects the first `kept` were encoded from (at least `kept` items)."""
+    origin: tuple[Any, ...]
+    """The message objects `new` was encoded from."""
+
+    def __len__(self) -> int:
+        return self.kept + len(self.new)
+
+    def full(self) -> MessageSnapshot:
+        """Every message's bytes (O(history): only off the usual path)."""
+        return MessageSnapshot(
+            [*self.base[: self.kept], *self.new], [*self.lead[: self.kept], *self.origin]
+        )
+
+    def delta(self, previous: Sequence[bytes] | None) -> tuple[SnapshotDelta, tuple[Any, ...]]:
+        """How this snapshot differs from `previous`, and the objects of the appended
+        messages (aligned with them). O(new) when `previous` is the `base` it was
+        validated against, as it is unless another write of the thread came between."""
+        if previous is self.base and previous is not None and len(previous) >= self.kept:
+            same = self.kept
+            limit = min(len(previous), len(self))
+            while same < limit and previous[same] == self.new[same - self.kept]:
+                same += 1
+            skip = same - self.kept
+            return SnapshotDelta(same, self.new[skip:]), self.origin[skip:]
+        full = self.full()
+        delta = diff_snapshot(previous, full)
+        return delta, tuple(full.sources[delta.keep :])
+
+
+RECHECKED_TAIL = 2
+"""Messages at the end of an unchanged prefix that are encoded again anyway: the place an
+application changes a message in place (a streamed answer growing), caught cheaply."""
+
+
+def encode_snapshot(
+    messages: Any, previous: Sequence[bytes] | None = None, *, check: bool = False
+) -> EncodedSnapshot:
+    """Validate a snapshot; encode what `previous` (the cached snapshot of the thread's
+    last checkpoint) does not provably hold already.
+
+    Its prefix is reused without validating or encoding it again:
+
+    * by identity, when ``previous`` is a `MessageSnapshot` and the new snapshot starts
+      with the objects it was encoded from (the usual step: the same list, grown). One
+      pointer comparison per message (an object that is not the same one must compare
+      equal, ``==``), then O(new messages). The contract, documented for `checkpoint()`:
+      a message object once checkpointed is not changed in place (an edit puts a new
+      object in its place), except the last `RECHECKED_TAIL` of the snapshot, which are
+      encoded again. ``check`` (config ``check_snapshots``) verifies the contract on every
+      call instead, at the cost of an encoding of the whole snapshot, and raises
+      `ValidationError` naming the message changed in place;
+    * else by value: the prefix encoded in one call and compared byte for byte (one
+      C-level pass over the history instead of a Python walk of every message).
     """
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise ValidationError(
             f"messages must be a list of JSON objects, got {type(messages).__name__}"
         )
-    out = _reuse_prefix(messages, previous) if previous else []
-    for index in range(len(out), len(messages)):
-        out.append(encode_message(messages[index], index))
-    return out
+    kept = _same_objects(messages, previous) if previous else 0
+    if kept:
+        if check:
+            _check_unchanged(messages, previous, kept)  # type: ignore[arg-type]
+        lead: Sequence[Any] = previous.sources  # type: ignore[union-attr]
+    else:
+        kept = _same_values(messages, previous) if previous else 0
+        lead = messages[:kept]
+        if kept and isinstance(previous, MessageSnapshot):
+            # Now known: these objects encode to the snapshot's first `kept` messages.
+            previous.sources = list(lead)
+    new = [encode_message(messages[index], index) for index in range(kept, len(messages))]
+    return EncodedSnapshot(previous or (), kept, new, lead, tuple(messages[kept:]))
 
 
-def _reuse_prefix(messages: Sequence[Any], previous: Sequence[bytes]) -> list[bytes]:
-    """The cached bytes of the common prefix, when it provably did not change."""
+def encode_messages(
+    messages: Any, previous: Sequence[bytes] | None = None, *, check: bool = False
+) -> list[bytes]:
+    """Validate a snapshot and return the canonical bytes of each message
+    (`encode_snapshot`, whole)."""
+    return encode_snapshot(messages, previous, check=check).full()
+
+
+def _same_objects(messages: Sequence[Any], previous: Sequence[bytes]) -> int:
+    """How many leading messages are the objects `previous` was encoded from and still
+    encode the same (the last `RECHECKED_TAIL` of them are encoded again); 0 when the
+    snapshot does not start with them."""
+    sources = getattr(previous, "sources", None)
+    if not sources or not isinstance(messages, list):
+        return 0
+    kept = min(len(sources), len(messages))
+    if kept < len(sources):
+        same = sources[:kept] == messages
+    else:
+        # One pass of ``list ==``, which skips identical items without touching them
+        # (a scan that touched every message would cost a cache miss each): lend
+        # `sources` the caller's new messages for the comparison, then take them back.
+        sources.extend(messages[kept:])
+        try:
+            same = sources == messages
+        finally:
+            del sources[kept:]
+    if not same:
+        return 0
+    for index in range(max(0, kept - RECHECKED_TAIL), kept):
+        if encode_message(messages[index], index) != previous[index]:
+            return 0  # changed in place: compare by value
+    return kept
+
+
+def _check_unchanged(messages: Sequence[Any], previous: Sequence[bytes], kept: int) -> None:
+    for index in range(kept):
+        if encode_message(messages[index], index) != previous[index]:
+            raise ValidationError(
+                f"messages[{index}] was changed in place after an earlier checkpoint() of "
+                "this thread; checkpoint() reuses the encoding of message objects it has "
+                "seen: pass a new object for a changed message (check_snapshots found this)"
+            )
+
+
+def _same_values(messages: Sequence[Any], previous: Sequence[bytes]) -> int:
+    """How many leading messages encode to `previous`'s (all of the common length, or
+    none: one encoding of the prefix compared byte for byte)."""
     prefix = min(len(previous), len(messages))
     if prefix == 0:
-        return []
+        return 0
     try:
         blob = orjson.dumps(list(messages[:prefix]), option=_OPTS)
     except TypeError:
-        return []
+        return 0
     if blob != b"[" + b",".join(previous[:prefix]) + b"]":
-        return []
+        return 0
     if b"null" in blob:
         for index in range(prefix):
             # A cached null may now be a NaN (which also encodes as null): check those.
             if b"null" in previous[index]:
                 encode_message(messages[index], index)
-    return list(previous[:prefix])
+    return prefix
 
 
 def decode_message(data: bytes | str) -> Message:

@@ -61,6 +61,7 @@ from buffered_store.threadrun.entry import (
     messages_of,
     seeded_hot,
 )
+from buffered_store.threadrun.messages import MessageSnapshot
 from buffered_store.threadrun.planning import ThreadView, fold
 from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.records import (
@@ -248,9 +249,11 @@ class BufferedThreadRunStore:
             metadata,
             previous=cached.state if cached else None,
             append=append,
+            check=self.config.check_snapshots,
         )
-        # An append's snapshot follows from the cursor it lands on (see `record_written`).
-        snapshot = None if append else call.encoded
+        # The snapshot after the entry follows from the cursor it lands on (its state
+        # extended in place: see `ThreadRunFormat.state_after`), never copied here.
+        snapshot = None
         nonce = self._writer.nonce()
 
         def build(cursor: RunCursor) -> tuple[WalEntry, bytes]:
@@ -494,7 +497,7 @@ class BufferedThreadRunStore:
         if view.seq != cursor.seq:
             self._writer.cursors.drop(thread_id)
             return True
-        cursor.state = view.messages
+        cursor.state = MessageSnapshot(view.messages)
         return True
 
     # -- reads --------------------------------------------------------------------------
@@ -505,14 +508,20 @@ class BufferedThreadRunStore:
         check_id(thread_id, "thread_id")
         if await self._inner_only(thread_id):
             return await self.inner.load_thread(thread_id)
-        hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
+        hot, (_, last) = await asyncio.gather(
+            self._log.hot(thread_id), self._log.last_entry(thread_id)
+        )
         if hot is None:
             return await self.inner.load_thread(thread_id)
-        if mark is None or mark.seq <= hot.record.seq:
+        if last is None or last.seq <= hot.record.seq:
             return hot.record.thread
-        # Flushed past the hot record: an entry whose hot-record update was lost (commit
-        # unknown) has been applied. The database is newer than the hot record.
-        return (await self._view(thread_id)).thread
+        # The stream is ahead of the hot record: an entry whose hot-record update was lost
+        # (commit unknown). Reads go by the hot record until that entry is flushed, then
+        # by the inner store, as the other reads do (they compare with its watermark).
+        flushed = (await self.target.flushed_seqs([thread_id]))[thread_id]
+        if flushed > hot.record.seq:
+            return (await self._view(thread_id)).thread
+        return hot.record.thread
 
     async def load_messages(self, thread_id: str) -> list[Message] | None:
         """The latest message snapshot, unflushed checkpoints included."""
@@ -643,24 +652,18 @@ class BufferedThreadRunStore:
     async def _view(self, thread_id: str) -> ThreadView:
         """The thread with its messages as of the latest acknowledged checkpoint."""
         cursor = self._writer.cursors.get(thread_id)
-        if cursor is not None and cursor.state is not None:
-            hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
-            # This instance's snapshot is the latest when the hot record is at it, unless
-            # the thread was flushed past the hot record (an entry whose hot-record update
-            # was lost has been applied): the database is newer then.
-            if (
-                hot is not None
-                and hot.record.seq == cursor.seq
-                and (mark is None or mark.seq <= cursor.seq)
-            ):
+        if cursor is not None and cursor.state is not None and not cursor.hot_behind:
+            # This instance's snapshot is the latest when the subject's last entry is the
+            # one it wrote last and the hot record shows it (one direct get, no database;
+            # an entry whose hot-record update was lost is not shown until flushed).
+            _, last = await self._log.last_entry(thread_id)
+            if last is not None and last.seq == cursor.seq:
                 return ThreadView(
-                    seq=cursor.seq, thread=hot.record.thread, messages=cursor.state, runs={}
+                    seq=cursor.seq, thread=last.thread, messages=cursor.state, runs={}
                 )
-            stored = await self.target.read_thread(thread_id, with_messages=True)
-        else:
-            hot, stored = await asyncio.gather(
-                self._log.hot(thread_id), self.target.read_thread(thread_id, with_messages=True)
-            )
+        hot, stored = await asyncio.gather(
+            self._log.hot(thread_id), self.target.read_thread(thread_id, with_messages=True)
+        )
         base = _base_view(stored)
         if hot is None or hot.record.seq <= stored.flushed_seq:
             return base
@@ -741,12 +744,11 @@ class BufferedThreadRunStore:
         """Latest acknowledged and flushed seqs of a thread."""
         self._check_open()
         check_id(thread_id, "thread_id")
-        hot, mark = await asyncio.gather(self._log.hot(thread_id), self._log.mark(thread_id))
+        hot = await self._log.hot(thread_id)
         try:
-            stored = (await self.target.flushed_seqs([thread_id]))[thread_id]
+            flushed = (await self.target.flushed_seqs([thread_id]))[thread_id]
         except StoreError:
-            stored = 0  # inner store unreachable: the KV mark still tells
-        flushed = max(stored, mark.seq if mark else 0)
+            flushed = await self._acknowledged_seq(thread_id, hot.record.seq if hot else 0)
         latest = max(hot.record.seq if hot else 0, flushed)
         return FlushStatus(
             thread_id=thread_id,
@@ -754,6 +756,24 @@ class BufferedThreadRunStore:
             flushed_seq=flushed,
             pending_from=hot.record.chain_from if hot else 0,
         )
+
+    async def _acknowledged_seq(self, thread_id: str, latest: int) -> int:
+        """While the inner store cannot answer: a lower bound of the thread's watermark.
+
+        The flusher acknowledges an entry only after its commit, and every message below
+        the durable consumer's ack floor is acknowledged: the thread's first entry above
+        the floor is the first that may be unflushed (no entry above it: all of them are
+        flushed). A KV flushed mark raises the bound where one is kept (the generic
+        target of stores without a watermark of their own keeps them).
+        """
+        mark, consumer = await asyncio.gather(self._log.mark(thread_id), self.wal.consumer_state())
+        bound = latest
+        async for _, entry in self._log.walk(thread_id, consumer.ack_floor + 1):
+            if entry is not None:
+                # Below a jump entry the thread's seqs are unknown: nothing can be told.
+                bound = 0 if entry.jump else entry.seq - 1
+                break
+        return max(bound, mark.seq if mark else 0)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -49,13 +49,15 @@ class AppendContract:
     async def test_append_extends_the_stored_snapshot_not_the_callers_list(
         self, store: ThreadRunStore
     ) -> None:
-        """A caller editing an earlier message in place does not change what `append`
-        keeps: only `checkpoint` rewrites history."""
+        """A caller editing an earlier message does not change what `append` keeps: only
+        `checkpoint` rewrites history. (The edit puts a new object in the list: a
+        checkpointed message object is not changed in place, `checkpoint()`'s contract,
+        docs/concepts/architecture.md, "Full snapshots cost O(new)".)"""
         tid = fresh_id()
         run = make_run(tid)
         messages = make_messages(2)
         await store.checkpoint(tid, messages, run)
-        messages[0]["content"] = "edited in place"
+        messages[0] = {**messages[0], "content": "edited"}
         messages.append(make_messages(1, start=2)[0])
         await store.append(tid, messages[-1:], run)
         assert await store.load_messages(tid) == make_messages(3)

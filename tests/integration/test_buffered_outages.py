@@ -18,7 +18,6 @@ from buffered_store.dev.services import Services
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import CommitUnknownError, StoreError, WalUnavailableError
 from buffered_store.nats import NatsWal
-from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
@@ -138,7 +137,8 @@ async def test_postgres_down_checkpoints_keep_succeeding(
     postgres = services.postgres
     assert postgres is not None
     store = await open_store(pg_inner, drain_on_close=False)
-    other = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
+    # A second process over the same database: its status reads find Postgres down too.
+    other = await open_store(pg_inner, drain_on_close=False)
     threads = [tid() for _ in range(4)]
     counts = dict.fromkeys(threads, 0)
     runs = {t: make_run(t) for t in threads}

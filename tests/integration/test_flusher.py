@@ -249,7 +249,7 @@ async def test_eight_threads_each_end_with_their_own_latest_run(
 # -- ack after the watermark ----------------------------------------------------------------
 
 
-async def test_marks_are_raised_before_messages_are_acked(
+async def test_messages_are_acked_only_after_their_commit(
     inner: InnerStore,
     writer: Writer,
     fconfig: FlusherConfig,
@@ -257,34 +257,34 @@ async def test_marks_are_raised_before_messages_are_acked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     events: list[tuple[str, int]] = []
-    original_mark = ThreadLog.raise_mark
+    original_apply = type(inner).apply
     original_ack = Msg.ack
 
-    async def raise_mark(
-        self: ThreadLog[WalEntry, HotRecord], thread_id: str, seq: int, stream_seq: int
-    ) -> None:
-        await original_mark(self, thread_id, seq, stream_seq)
-        events.append(("mark", seq))
+    async def apply(self: Any, batches: Any) -> Any:
+        outcomes = await original_apply(self, batches)
+        events.extend(("commit", o.flushed_seq) for o in outcomes)
+        return outcomes
 
     async def ack(self: Msg) -> None:
         events.append(("ack", int(self.metadata.sequence.stream)))
         await original_ack(self)
 
-    monkeypatch.setattr(ThreadLog, "raise_mark", raise_mark)
+    monkeypatch.setattr(type(inner), "apply", apply)
     monkeypatch.setattr(Msg, "ack", ack)
     thread = tid()
     written = [await writer.checkpoint(thread, make_messages(i)) for i in range(1, 4)]
     service = await start(flushers, inner, fconfig)
     await flushed_to(inner, {thread: 3})
     await service.wait_idle()
-    first_ack = next(i for i, (kind, _) in enumerate(events) if kind == "ack")
-    assert ("mark", 3) in events[:first_ack]
-    assert sorted(value for kind, value in events if kind == "ack") == [
-        e.stream_seq for e in written
-    ]
-    mark = await ThreadLog(service.wal, fconfig, FORMAT).mark(thread)
-    assert mark is not None
-    assert (mark.seq, mark.stream_seq) == (3, written[-1].stream_seq)
+    acks = {value: i for i, (kind, value) in enumerate(events) if kind == "ack"}
+    assert sorted(acks) == [e.stream_seq for e in written]
+    for entry in written:
+        committed = next(
+            i for i, (kind, seq) in enumerate(events) if kind == "commit" and seq >= entry.seq
+        )
+        assert acks[entry.stream_seq] > committed
+    # The watermark is the inner store's: no KV mark is raised per thread and cycle.
+    assert await ThreadLog(service.wal, fconfig, FORMAT).mark(thread) is None
 
 
 async def test_stale_duplicate_is_acked_and_never_moves_back(
@@ -304,9 +304,6 @@ async def test_stale_duplicate_is_acked_and_never_moves_back(
     await service.wait_idle()
     assert (await inner.flushed_seqs([thread]))[thread] == 3
     assert await inner.load_messages(thread) == make_messages(3)
-    mark = await ThreadLog(service.wal, fconfig, FORMAT).mark(thread)
-    assert mark is not None
-    assert mark.seq == 3
     assert await consumer_state(service.wal) == (0, 0)
 
 

@@ -16,9 +16,11 @@ import pytest
 from buffered_store import (
     BufferedStoreConfig,
     CommitUnknownError,
+    DatabaseUnavailableError,
     InMemoryThreadRunStore,
     ReadConsistency,
     ThreadRunStore,
+    ValidationError,
     WalUnavailableError,
 )
 from buffered_store.engine.keys import flushed_key, wal_subject
@@ -99,8 +101,9 @@ async def test_flusher_drains_a_memory_wal_and_acks() -> None:
         assert (state.num_pending, state.num_redelivered, state.last_seq) == (0, 0, 3)
         assert await flusher_wal.tail_bounds() == (4, 3)
         assert (await store.flush_status(tid)).pending == 0
-        mark = await flusher_wal.kv_get(flushed_key(tid))
-        assert mark is not None
+        # The watermark is the inner store's, committed with the data: no KV flushed
+        # mark is raised per thread and cycle.
+        assert await flusher_wal.kv_get(flushed_key(tid)) is None
         assert flusher.stats()["acked"] == 3
     finally:
         await flusher.stop()
@@ -173,4 +176,73 @@ async def test_a_lost_publish_reply_is_commit_unknown_and_the_entry_is_kept() ->
         assert receipt.thread_seq == len(seqs)  # every entry holds its own seq, no gap
         assert await store.load_messages(tid) == make_messages(3)
     finally:
+        await store.close()
+
+
+async def test_checkpoint_check_snapshots_names_a_message_changed_in_place() -> None:
+    """`check_snapshots` turns the O(new) contract of `checkpoint()` into an error; without
+    it the writer reuses the encoding of the objects it has seen (documented)."""
+    for check in (True, False):
+        config = BufferedStoreConfig(drain_on_close=False, check_snapshots=check)
+        store = open_memory_store(InMemoryThreadRunStore(), config)
+        tid = fresh_id()
+        run = make_run(tid)
+        try:
+            messages = make_messages(6)
+            await store.checkpoint(tid, messages, run)
+            messages[1]["content"] = "changed in place"
+            messages.append(make_messages(1, start=6)[0])
+            if check:
+                with pytest.raises(ValidationError, match=r"messages\[1\] was changed in place"):
+                    await store.checkpoint(tid, messages, run)
+                assert await store.load_messages(tid) == make_messages(6)
+                continue
+            await store.checkpoint(tid, messages, run)
+            assert await store.load_messages(tid) == make_messages(7)  # not seen
+            messages[1] = {**messages[1], "content": "edited"}  # a new object: seen
+            await store.checkpoint(tid, messages, run)
+            assert await store.load_messages(tid) == messages
+        finally:
+            await store.close()
+
+
+class _WatermarksDown:
+    """An inner store whose watermark reads fail once `down` is set (Postgres gone)."""
+
+    def __init__(self, inner: InMemoryThreadRunStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def flushed_seqs(self, thread_ids: list[str]) -> dict[str, int]:
+        if self.down:
+            raise DatabaseUnavailableError("watermarks unreachable (test)")
+        return await self.inner.flushed_seqs(thread_ids)
+
+
+async def test_flush_status_while_the_inner_store_is_down_follows_the_flushers_acks() -> None:
+    """The flusher raises no KV marks: with the watermark unreadable, `flush_status`
+    bounds it by the consumer's ack floor (acks follow commits)."""
+    server = MemoryJetStream()
+    inner = _WatermarksDown(InMemoryThreadRunStore())
+    config = BufferedStoreConfig(flush_interval_s=0.05, drain_on_close=False)
+    store = open_memory_store(inner, config, server=server)  # type: ignore[arg-type]
+    flusher = Flusher(inner, config, wal=MemoryWal(config, server), backlog_poll_s=0)  # type: ignore[arg-type]
+    tid = fresh_id()
+    run = make_run(tid)
+    try:
+        for n in (1, 2, 3):
+            await store.checkpoint(tid, make_messages(n), run.replace(steps=n))
+        await flusher.start()
+        await server.wait_for(lambda: _acked_upto(server, config, 3))
+        await flusher.stop()
+        for n in (4, 5):
+            await store.checkpoint(tid, make_messages(n), run.replace(steps=n))
+        inner.down = True
+        status = await store.flush_status(tid)
+        assert (status.latest_seq, status.flushed_seq, status.pending) == (5, 3, 2)
+    finally:
+        await flusher.stop()
         await store.close()

@@ -175,8 +175,13 @@ class Rig:
         return [event[1] for event in self.events if event[0] == kind]
 
 
-def rig(target: Any, stream: Iterable[WalEntry] = (), config: FlusherConfig = CONFIG) -> Rig:
-    events = Events()
+def rig(
+    target: Any,
+    stream: Iterable[WalEntry] = (),
+    config: FlusherConfig = CONFIG,
+    events: Events | None = None,
+) -> Rig:
+    events = Events() if events is None else events
     log = FakeThreadLog(events, stream)
     quarantine = FakeQuarantine()
     stats = FlusherStats()
@@ -191,19 +196,54 @@ def rig(target: Any, stream: Iterable[WalEntry] = (), config: FlusherConfig = CO
     return Rig(events, log, quarantine, target, stats, runner)
 
 
-async def test_one_apply_per_cycle_and_marks_before_acks() -> None:
+class CommitRecorder:
+    """The target, recording when each apply (its commit) returned."""
+
+    def __init__(self, inner: InMemoryThreadRunStore, events: Events) -> None:
+        self.inner = inner
+        self.events = events
+
+    async def apply(self, batches: Any) -> Any:
+        outcomes = await self.inner.apply(batches)
+        self.events.append(("commit", tuple(o.thread_id for o in outcomes)))
+        return outcomes
+
+    async def flushed_seqs(self, thread_ids: Any) -> Any:
+        return await self.inner.flushed_seqs(thread_ids)
+
+
+async def test_one_apply_per_cycle_acks_after_the_commit_and_no_kv_mark() -> None:
     inner = InMemoryThreadRunStore()
     a, b = chain("a", 3, 1), chain("b", 2, 10)
-    r = rig(inner)
+    events = Events()
+    r = rig(CommitRecorder(inner, events), events=events)
     await r.runner.run([r.msg(e) for e in [*a, *b]])
     assert inner.apply_calls == 1
     assert await inner.flushed_seqs(["a", "b"]) == {"a": 3, "b": 2}
-    for thread, acks in (("a", [1, 2, 3]), ("b", [10, 11])):
-        mark_at = r.events.index(("mark", thread, len(acks)))
-        assert all(r.events.index(("ack", seq)) > mark_at for seq in acks)
+    committed = r.events.index(("commit", ("a", "b")))
+    assert all(r.events.index(("ack", seq)) > committed for seq in [1, 2, 3, 10, 11])
+    # The watermark is committed with the data: no KV mark per thread and cycle.
+    assert not [e for e in r.events if e[0] == "mark"]
     assert r.stats.entries_applied == 5
     assert r.stats.threads_applied == 2
     assert r.stats.as_dict()["coalesced_entries"] == 3
+
+
+async def test_cycle_cpu_is_split_by_stage() -> None:
+    """Per stage: decoding, the apply call and what follows its outcomes (acks) are
+    measured in the cycle; `as_dict` reports each per applied entry, and the rest of the
+    process's CPU as intake."""
+    inner = InMemoryThreadRunStore()
+    r = rig(inner)
+    await r.runner.run([r.msg(e) for e in chain("a", 40, 1)])
+    stats = r.stats
+    assert min(stats.cpu_decode_s, stats.cpu_apply_s, stats.cpu_settle_s) > 0
+    stats.cpu_s = stats.cpu_decode_s + stats.cpu_apply_s + stats.cpu_settle_s + 0.004
+    figures = stats.as_dict()
+    assert figures["cpu_per_entry_apply_s"] == stats.cpu_apply_s / 40
+    assert figures["cpu_per_entry_intake_s"] == pytest.approx(0.004 / 40)
+    total = sum(figures[f"cpu_per_entry_{s}_s"] for s in ("decode", "apply", "settle", "intake"))
+    assert total == pytest.approx(figures["cpu_per_entry_s"])
 
 
 async def test_gap_is_filled_from_the_stream_in_the_same_cycle() -> None:
@@ -229,26 +269,15 @@ async def test_hole_between_held_entries_is_filled() -> None:
     assert sorted(r.settled("ack")) == [1, 4, 5]
 
 
-async def test_stale_redelivery_is_acked_after_reraising_the_mark() -> None:
+async def test_stale_redelivery_is_acked() -> None:
     inner = InMemoryThreadRunStore()
     entries = chain("t", 3)
     await inner.apply([entries])
     r = rig(inner)
     await r.runner.run([r.msg(entries[0], delivered=2)])
-    assert r.events == [("mark", "t", 3), ("ack", 1)]
+    assert r.events == [("ack", 1)]
     assert r.stats.stale_entries == 1
     assert r.stats.redeliveries == 1
-
-
-async def test_unraised_mark_means_no_ack() -> None:
-    inner = InMemoryThreadRunStore()
-    entries = chain("t", 2)
-    r = rig(inner)
-    r.log.fail_marks = True
-    await r.runner.run([r.msg(e) for e in entries])
-    assert r.settled("ack") == []
-    assert sorted(r.settled("nak")) == [1, 2]
-    assert r.stats.mark_failures == 1
 
 
 async def test_database_outage_is_retried_with_one_episode() -> None:

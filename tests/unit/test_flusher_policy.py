@@ -22,7 +22,6 @@ from flusher.policy import (
     Undecodable,
     backoff_s,
     classify,
-    mark_for,
     plan_outcome,
     undecodable_action,
 )
@@ -118,17 +117,10 @@ def test_backoff_doubles_and_is_capped() -> None:
     assert backoff_s(10**9, initial_s=0.1, max_s=1.0) == 1.0
 
 
-def test_mark_uses_the_exact_stream_seq_or_a_safe_lower_one() -> None:
-    batch = entries("t", 3)
-    assert mark_for(2, batch) == (2, 11)
-    assert mark_for(5, batch) == (5, 12)  # highest known at or below the watermark
-    assert mark_for(0, batch) is None
-
-
 # -- plans ------------------------------------------------------------------------------------
 
 
-def test_applied_acks_everything_after_raising_the_mark() -> None:
+def test_applied_acks_everything() -> None:
     batch = entries("t", 3)
     plan = plan_outcome(
         ApplyOutcome("t", ApplyStatus.APPLIED, 3),
@@ -140,7 +132,6 @@ def test_applied_acks_everything_after_raising_the_mark() -> None:
     )
     assert plan.step is Step.DONE
     assert plan.ack_upto == 3
-    assert plan.mark == (3, 12)
 
 
 def test_applied_below_a_hole_fetches_the_hole() -> None:
@@ -156,7 +147,6 @@ def test_applied_below_a_hole_fetches_the_hole() -> None:
     )
     assert plan.step is Step.FETCH
     assert (plan.ack_upto, plan.fetch_after, plan.fetch_upto) == (1, 1, 3)
-    assert plan.mark == (1, 10)
 
 
 def test_applied_short_of_contiguous_held_entries_retries() -> None:
@@ -173,7 +163,7 @@ def test_applied_short_of_contiguous_held_entries_retries() -> None:
     assert plan.ack_upto == 2
 
 
-def test_stale_acks_and_reraises_the_mark() -> None:
+def test_stale_acks_what_the_watermark_covers() -> None:
     batch = entries("t", 2)
     plan = plan_outcome(
         ApplyOutcome("t", ApplyStatus.STALE, 9),
@@ -185,7 +175,6 @@ def test_stale_acks_and_reraises_the_mark() -> None:
     )
     assert plan.step is Step.DONE
     assert plan.ack_upto == 9
-    assert plan.mark == (9, 11)
 
 
 def test_gap_fetches_from_the_watermark_to_the_first_held_entry() -> None:
@@ -200,7 +189,6 @@ def test_gap_fetches_from_the_watermark_to_the_first_held_entry() -> None:
     )
     assert plan.step is Step.FETCH
     assert (plan.fetch_after, plan.fetch_upto) == (1, 3)
-    assert plan.mark is None
     assert plan.ack_upto == 0
 
 

@@ -177,7 +177,7 @@ def test_scrape_serves_only_known_names_without_thread_labels() -> None:
     text = generate_latest(registry).decode()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     assert {s.name for s in samples} <= metric_names()
-    assert {label for s in samples for label in s.labels} <= {"result", "le"}
+    assert {label for s in samples for label in s.labels} <= {"result", "stage", "le"}
     by_name = {(s.name, s.labels.get("le")): s.value for s in samples}
     assert by_name[("bufstore_flusher_entries_total", None)] == 3.0
     assert by_name[("bufstore_flusher_flush_lag_seconds_count", None)] == 2.0

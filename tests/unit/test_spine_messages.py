@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
+import buffered_store.threadrun.messages as messages_module
 from buffered_store.errors import ValidationError
 from buffered_store.threadrun.messages import (
+    RECHECKED_TAIL,
+    MessageSnapshot,
     SnapshotDelta,
     apply_delta,
     check_json_object,
@@ -18,6 +21,7 @@ from buffered_store.threadrun.messages import (
     diff_snapshot,
     encode_message,
     encode_messages,
+    encode_snapshot,
 )
 
 
@@ -116,6 +120,106 @@ def test_encode_messages_cache_does_not_let_nan_through() -> None:
     message["score"] = math.nan
     with pytest.raises(ValidationError):
         encode_messages([message], previous)
+
+
+def _history(count: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"m{i}"} for i in range(count)]
+
+
+def test_encode_messages_reuses_the_objects_it_has_seen_without_encoding_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual step (the same list grown by a message) encodes the new message and the
+    re-checked tail only: O(new), not O(history)."""
+    messages = _history(500)
+    previous = encode_messages(messages)
+    assert isinstance(previous, MessageSnapshot)
+    messages.append({"role": "assistant", "content": "new"})
+    encoded: list[int] = []
+    real = messages_module.encode_message
+
+    def counting(message: Any, index: int) -> bytes:
+        encoded.append(index)
+        return real(message, index)
+
+    monkeypatch.setattr(messages_module, "encode_message", counting)
+    again = encode_messages(messages, previous)
+    assert again == [*previous, real(messages[-1], 500)]
+    assert sorted(encoded) == [500 - RECHECKED_TAIL + i for i in range(RECHECKED_TAIL)] + [500]
+
+
+def test_encode_messages_sees_a_message_replaced_by_a_new_object() -> None:
+    messages = _history(10)
+    previous = encode_messages(messages)
+    messages[3] = {**messages[3], "content": "edited"}
+    again = encode_messages(messages, previous)
+    assert diff_snapshot(previous, again) == SnapshotDelta(3, again[3:])
+    assert decode_message(again[3])["content"] == "edited"
+
+
+def test_encode_messages_sees_the_last_messages_changed_in_place() -> None:
+    messages = _history(10)
+    previous = encode_messages(messages)
+    messages[-2]["content"] = "streamed further"
+    again = encode_messages(messages, previous)
+    assert decode_message(again[-2])["content"] == "streamed further"
+    assert again[:8] == previous[:8]
+
+
+def test_encode_messages_by_identity_skips_an_earlier_message_changed_in_place() -> None:
+    """The documented contract: an earlier message changed in place is not seen (that is
+    what makes a checkpoint O(new)); `check` turns the contract into an error."""
+    messages = _history(10)
+    previous = encode_messages(messages)
+    messages[2]["content"] = "changed in place"
+    assert encode_messages(messages, previous) == previous
+    with pytest.raises(ValidationError, match=r"messages\[2\] was changed in place"):
+        encode_messages(messages, previous, check=True)
+
+
+def test_encode_messages_checked_accepts_an_honest_history() -> None:
+    messages = _history(10)
+    previous = encode_messages(messages, check=True)
+    messages.append({"role": "assistant", "content": "x"})
+    assert encode_messages(messages, previous, check=True)[:10] == previous
+
+
+def test_encode_messages_by_value_when_the_objects_are_new() -> None:
+    """A history rebuilt from JSON holds other objects: compared by value, still reused."""
+    messages = _history(10)
+    previous = encode_messages(messages)
+    rebuilt = [decode_message(item) for item in previous]
+    rebuilt[5]["content"] = "other"
+    again = encode_messages(rebuilt, previous)
+    assert diff_snapshot(previous, again).keep == 5
+
+
+def test_encode_messages_takes_an_equal_new_object_as_unchanged() -> None:
+    messages = _history(10)
+    previous = encode_messages(messages)
+    messages[4] = dict(messages[4])
+    messages.append({"role": "assistant", "content": "x"})
+    snapshot = encode_snapshot(messages, previous)
+    assert (snapshot.kept, snapshot.new) == (10, [encode_message(messages[10], 10)])
+
+
+def test_encode_messages_by_value_adopts_the_new_objects() -> None:
+    """After a comparison by value, the snapshot remembers the caller's objects: the next
+    step is recognised by identity again."""
+    messages = _history(10)
+    previous = encode_snapshot(messages).full()
+    rebuilt = [dict(m) for m in messages]
+    rebuilt[0]["content"] = "other"
+    again = encode_snapshot(rebuilt, previous).full()
+    rebuilt.append({"role": "assistant", "content": "x"})
+    assert encode_snapshot(rebuilt, again).kept == 10
+
+
+def test_encode_messages_identity_prefix_after_a_shorter_snapshot() -> None:
+    messages = _history(10)
+    previous = encode_messages(messages)
+    again = encode_messages(messages[:4], previous)
+    assert again == previous[:4]
 
 
 def test_decode_message_rejects_non_objects() -> None:
