@@ -66,7 +66,7 @@ APPLY_ATTEMPTS = 5
 
 SENDS_COLUMN = f"""
 CASE WHEN jsonb_typeof(c.checkpoint -> 'v') = 'number' AND (c.checkpoint -> 'v') < '4'::jsonb
-    AND c.parent_checkpoint_id IS NOT NULL THEN (
+    AND c.parent_checkpoint_id <> '' THEN (
     SELECT array_agg(array[s.type::bytea, s.blob] ORDER BY s.task_path, s.task_id, s.idx)
     FROM checkpoint_writes s
     WHERE s.thread_id = c.thread_id AND s.checkpoint_id = c.parent_checkpoint_id
