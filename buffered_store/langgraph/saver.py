@@ -786,15 +786,18 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         config: RunnableConfig,
         before: RunnableConfig | None,
     ) -> overlay.Order:
-        """The database's order of the ids a merge compares: code points, or (under
-        another collation, when unflushed checkpoints take part) the ranks Postgres
-        gives them, in one round trip."""
+        """The database's order of the ids a merge compares: the stored rows' own order
+        when no unflushed checkpoint takes part (Postgres sorted them), else code
+        points, or (under another collation) the ranks Postgres gives them, in one
+        round trip."""
         found = overlay.candidates(
             tail,
             ns=config["configurable"].get("checkpoint_ns"),
             checkpoint_id=get_checkpoint_id(config),
         )
-        if not found or await self.sink.collation():
+        if not found:
+            return overlay.Order({r["checkpoint_id"]: -i for i, r in enumerate(rows)})
+        if await self.sink.collation():
             return overlay.CODE_POINT
         ids = [key[1] for key in found] + [r["checkpoint_id"] for r in rows]
         if before is not None and (before_id := get_checkpoint_id(before)):

@@ -291,12 +291,14 @@ async def test_ids_are_ordered_by_the_database_collation(
             (cfg(tid), {"before": cfg(tid, "", "c")}),
             (cfg(tid), {"before": cfg(tid, "", "D"), "limit": 2}),
         ]
+        # Puts pending; then flushed but for a write (stored rows alone are merged).
         for _ in range(2):
             await both.same("aget_tuple", cfg(tid))
             for listed, kwargs in reads:
                 await both.same("alist", listed, **kwargs)
             await both.same("aget_delta_channel_history", config=cfg(tid, "", "c"), channels=["k"])
             await both.buf.force_flush(tid)
+            await both.writes(tid, "", "D", [("x", 1)], "task", "")
 
 
 async def test_reads_without_postgres_order_ids_by_code_point_under_c(
