@@ -73,19 +73,26 @@ async def schemas(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
         yield found
 
 
-@pytest.fixture
-async def icu_schemas(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """Two fresh schemas of a database whose collation is ICU ``en-US`` (not code point
-    order: ``a < B < c``), created for the test and dropped after it."""
+@asynccontextmanager
+async def icu_schemas_of(dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """Two fresh schemas of a new database whose collation is ICU ``en-US`` (not code
+    point order: ``a < B < c``), dropped afterwards."""
     name = f"lgicu_{uuid.uuid4().hex[:8]}"
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(
             f"CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' "
             "TEMPLATE template0"
         )
     try:
-        async with two_schemas(urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{name}"))) as found:
+        async with two_schemas(urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))) as found:
             yield found
     finally:
-        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def icu_schemas(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """Two fresh schemas of a database collated by ICU ``en-US`` (`icu_schemas_of`)."""
+    async with icu_schemas_of(pg_dsn) as found:
+        yield found

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +41,13 @@ from buffered_store.engine.ports import Wal
 from buffered_store.errors import WalUnavailableError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver
 from flusher import Flusher
+from tests.langgraph.conftest import icu_schemas_of, two_schemas
 from tests.langgraph.helpers import fresh_config
 
-SEEDS = (1, 2, 3, 4)
+SEEDS = ((1, "C"), (2, "C"), (3, "C"), (4, "C"), (5, "icu"))
+"""(random seed, database collation): under ICU ``en-US`` the checkpoint ids are not
+uuid6 but mixed-case words whose order there differs from their code point order."""
+ICU_WORDS = ("a", "B", "c", "D", "e-", "E", "f_")
 STEPS = 200
 TABLES = {
     "checkpoints": "thread_id, checkpoint_ns, checkpoint_id",
@@ -137,11 +142,23 @@ class Model:
             self.versions.pop(vkey)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.fixture
+async def db_schemas(request: pytest.FixtureRequest, pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """Two fresh schemas of the test database, or of a new ICU-collated one."""
+    if request.param == "icu":
+        async with icu_schemas_of(pg_dsn) as found:
+            yield found
+    else:
+        async with two_schemas(pg_dsn) as found:
+            yield found
+
+
+@pytest.mark.parametrize(("seed", "db_schemas"), SEEDS, indirect=["db_schemas"])
 async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
-    seed: int, nats_url: str, schemas: tuple[str, str]
+    seed: int, nats_url: str, db_schemas: tuple[str, str]
 ) -> None:
-    ref_dsn, buf_dsn = schemas
+    ref_dsn, buf_dsn = db_schemas
+    words = ICU_WORDS if seed == 5 else None
     rnd = random.Random(seed)
     config = fresh_config(nats_url, buf_dsn, drain_on_close=False)
     async with (
@@ -167,7 +184,7 @@ async def test_buffered_saver_reads_and_writes_what_async_postgres_saver_does(
             if fault is not None:
                 ops[fault] = ops.get(fault, 0) + 1
             if op == "put":
-                await both_put(ref, buf, model, rnd, tid, ns, step)
+                await both_put(ref, buf, model, rnd, tid, ns, step, words=words)
             elif op == "again" and model.ids.get((tid, ns)):
                 await both_put(ref, buf, model, rnd, tid, ns, step, again=True)
             elif op == "writes" and model.ids.get((tid, ns)):
@@ -255,9 +272,11 @@ async def both_put(
     step: int,
     *,
     again: bool = False,
+    words: Sequence[str] | None = None,
 ) -> None:
     """A new checkpoint on the namespace's head; `again`: an existing checkpoint put
-    again, with another parent (its first one stays)."""
+    again, with another parent (its first one stays). `words`: ids made of them (and
+    the step) instead of uuid6."""
     chosen = rnd.sample(CHANNELS, k=rnd.randint(0, len(CHANNELS)))
     new_versions: dict[str, str | int | float] = {}
     versions: dict[str, str | int | float] = {}
@@ -286,8 +305,9 @@ async def both_put(
             versions[ch] = model.versions[key]
             values[ch] = model.values[key]
     known = model.ids.get((tid, ns), [])
+    new_id = f"{rnd.choice(words)}{step:03d}" if words else None
     cp = generate_checkpoint(
-        checkpoint_id=rnd.choice(known) if again else None,
+        checkpoint_id=rnd.choice(known) if again else new_id,
         channel_values=values,
         channel_versions=versions,
     )
