@@ -344,9 +344,11 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     checks the watermark inside its transaction).
     """
     hot, upto = await log_.latest(thread_id)
-    for _ in range(20):
+    for attempt in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
         if flushed >= upto:
+            if attempt == 0 and hot is not None:
+                await _repair_mark(log_, thread_id, flushed, hot.record)
             return flushed
         record = hot.record if hot else None
         entries = await log_.entries_between(thread_id, flushed, upto, record)
@@ -362,6 +364,21 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
+
+
+async def _repair_mark(log_: ThreadLog[E, H], thread_id: str, flushed: int, hot: H) -> None:
+    """Raise the KV flushed mark to the target's watermark when it lags behind it.
+
+    A flush cut short between its commit and its mark (a timeout, a crash), or applied by
+    the flusher (whose cycles raise no marks), leaves the mark below the data; `bufstore
+    status` without a database URL reads the marks. Done when the stream seq of the
+    entry at `flushed` is known (the hot record's latest or recent ones).
+    """
+    stream_seq = dict(hot.recent).get(flushed) or (hot.stream_seq if hot.seq == flushed else 0)
+    if stream_seq:
+        mark = await log_.mark(thread_id)
+        if mark is None or mark.seq < flushed:
+            await log_.raise_mark(thread_id, flushed, stream_seq)
 
 
 async def force_flush(

@@ -240,7 +240,7 @@ async def test_scrape_agrees_with_the_workload_and_with_postgres(
 
     # Every series the exporter knows is served, and nothing else (no per-thread labels).
     assert {name for name, _ in samples} == metric_names()
-    assert {k for _, labels in samples for k, _ in labels} <= {"result", "outcome", "le"}
+    assert {k for _, labels in samples for k, _ in labels} <= {"result", "outcome", "stage", "le"}
 
     # Checkpoints: exactly the ones made, all successful.
     assert value(samples, "bufstore_store_checkpoints_total", result="ok") == made
