@@ -213,11 +213,6 @@ def keep_stored_parents(chosen: Sequence[Row], parents: Mapping[WriteKey, str | 
             row["parent_checkpoint_id"] = parents[key]
 
 
-def pending_keys(chosen: Sequence[Row]) -> list[WriteKey]:
-    """(ns, checkpoint id) of the chosen rows that come from the tail."""
-    return [(r["checkpoint_ns"], r["checkpoint_id"]) for r in chosen if r.get("_pending")]
-
-
 def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[WriteKey]]:
     """What the pending rows need from Postgres: blobs the tail does not carry (a
     checkpoint refers to every channel's current version, most written earlier) and the

@@ -757,11 +757,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
             at_parents: list[overlay.ParentWrite] = []
         else:
-            stored_blobs, stored_writes, at_parents, stored_parents = await asyncio.gather(
+            stored_blobs, (stored_writes, stored_parents), at_parents = await asyncio.gather(
                 self.sink.blobs(thread_id, blob_keys),
                 self.sink.writes(thread_id, write_keys),
                 self.sink.parent_writes(thread_id, parents, overlay.tail_write_keys(tail, parents)),
-                self.sink.stored_parents(thread_id, overlay.pending_keys(chosen)),
             )
             overlay.keep_stored_parents(chosen, stored_parents)
             if missing := sorted(set(overlay.sends_to_assemble(chosen, tail)) - set(parents)):

@@ -448,24 +448,43 @@ class LangGraphSink:
 
     async def writes(
         self, thread_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]]:
-        """(ns, checkpoint id) -> [(task_id, idx, channel, type, blob, task_path)]."""
+    ) -> tuple[
+        dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]],
+        dict[tuple[str, str], str | None],
+    ]:
+        """For checkpoints (ns, checkpoint id) of unflushed puts, in one round trip: their
+        stored writes, (ns, id) -> [(task_id, idx, channel, type, blob, task_path)], and
+        the parents of those already stored (a put again keeps its first parent)."""
         if not keys:
-            return {}
+            return {}, {}
+        args = (thread_id, [k[0] for k in keys], [k[1] for k in keys])
         out: dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]] = {}
-        async with self.connection("read writes") as conn, conn.cursor(binary=True) as cur:
-            await cur.execute(
-                "SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, "
-                "task_path FROM checkpoint_writes WHERE thread_id = %s AND "
-                "(checkpoint_ns, checkpoint_id) IN "
-                "(SELECT * FROM unnest(%s::text[], %s::text[]))",
-                (thread_id, [k[0] for k in keys], [k[1] for k in keys]),
-            )
-            for r in await cur.fetchall():
+        async with self.connection("read writes") as conn:
+            async with conn.pipeline():
+                writes = conn.cursor(binary=True)
+                await writes.execute(
+                    "SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, "
+                    "task_path FROM checkpoint_writes WHERE thread_id = %s AND "
+                    "(checkpoint_ns, checkpoint_id) IN "
+                    "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    args,
+                )
+                parents = conn.cursor(binary=True)
+                await parents.execute(
+                    "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints "
+                    "WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN "
+                    "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    args,
+                )
+            for r in await writes.fetchall():
                 out.setdefault((r["checkpoint_ns"], r["checkpoint_id"]), []).append(
                     (r["task_id"], r["idx"], r["channel"], r["type"], r["blob"], r["task_path"])
                 )
-        return out
+            stored = {
+                (r["checkpoint_ns"], r["checkpoint_id"]): r["parent_checkpoint_id"]
+                for r in await parents.fetchall()
+            }
+        return out, stored
 
     async def parent_writes(
         self, thread_id: str, parents: Sequence[str], touched: Sequence[tuple[str, str, str, int]]
@@ -491,24 +510,6 @@ class LangGraphSink:
                 )
                 for r in await cur.fetchall()
             ]
-
-    async def stored_parents(
-        self, thread_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], str | None]:
-        """(ns, checkpoint id) -> parent checkpoint id, of those checkpoints stored."""
-        if not keys:
-            return {}
-        async with self.connection("read parents") as conn:
-            cur = await conn.execute(
-                "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints "
-                "WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN "
-                "(SELECT * FROM unnest(%s::text[], %s::text[]))",
-                (thread_id, [k[0] for k in keys], [k[1] for k in keys]),
-            )
-            return {
-                (r["checkpoint_ns"], r["checkpoint_id"]): r["parent_checkpoint_id"]
-                for r in await cur.fetchall()
-            }
 
     async def pending_sends(
         self, thread_id: str, parents: Sequence[str]
