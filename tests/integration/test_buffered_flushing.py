@@ -196,7 +196,7 @@ async def test_force_flush_without_any_flusher_and_flush_status(
     the writing instance and on another one."""
     spy = FaultyFlushTarget(inner)
     store = await open_store(spy, drain_on_close=False)
-    other = await open_store(InMemoryThreadRunStore(), drain_on_close=False)
+    other = await open_store(inner, drain_on_close=False)  # another process, same database
     thread = tid()
     run = make_run(thread)
     for n in range(1, 11):
