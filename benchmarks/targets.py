@@ -44,8 +44,8 @@ DESIGN_TARGETS = {
         "at least 3x",
     ),
     "flush_remote": (
-        "checkpoints/s the flusher applies with Postgres behind a slower link (writes + "
-        "drain), vs the direct store's closed-loop maximum over the same link",
+        "checkpoints/s the flusher applies with Postgres behind a slower link (a backlog "
+        "drained), vs the direct store's closed-loop maximum over the same link",
         "at least 3x",
     ),
     "writer_cpu": (

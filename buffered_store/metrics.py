@@ -5,7 +5,10 @@ extra: ``prometheus-client``).
 The objects keep plain counters with no metrics dependency; `StatsCollector` turns them
 into metric families with the ``bufstore_`` prefix when Prometheus scrapes. Nothing is
 labelled per thread (unbounded cardinality); checkpoints and apply outcomes carry one
-small label each. Several sources of one kind in a process are added up (counters,
+small label each, and every sample carries ``front_end`` (``threadrun``, ``langgraph``:
+a source's ``front_end`` attribute, ``threadrun`` when it has none), so the thread-run
+store's and the LangGraph checkpointer's flushers are told apart on one dashboard.
+Several sources of one kind and front-end in a process are added up (counters,
 histograms, ``sum`` gauges) or maxed (``max`` gauges: lags and the consumer backlog,
 which every flusher of a consumer sees alike).
 
@@ -304,6 +307,14 @@ FAMILIES: tuple[Family, ...] = (STORE, FLUSHER, INNER)
 # -- the pure part: stats -> families -------------------------------------------------------
 
 
+DEFAULT_FRONT_END = "threadrun"
+"""The ``front_end`` label of a source that names none."""
+
+Labels = tuple[tuple[str, str], ...]
+Reading = tuple[Mapping[str, Any], Mapping[str, HistogramSnapshot]]
+"""One source's `stats()` and `histograms()`."""
+
+
 @dataclass(slots=True)
 class FamilyValue:
     """One metric family with its samples, before it becomes a Prometheus object."""
@@ -311,8 +322,23 @@ class FamilyValue:
     name: str
     kind: Kind
     help: str
-    samples: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
-    histogram: HistogramSnapshot | None = None
+    samples: dict[Labels, float] = field(default_factory=dict)
+    histograms: dict[Labels, HistogramSnapshot] = field(default_factory=dict)
+    """A histogram family's snapshot per label set (its front-end)."""
+
+    @property
+    def histogram(self) -> HistogramSnapshot | None:
+        """A histogram family's snapshots merged (None when it has none)."""
+        merged: HistogramSnapshot | None = None
+        for snapshot in self.histograms.values():
+            merged = snapshot if merged is None else merged.merge(snapshot)
+        return merged
+
+
+def front_end_label(source: object) -> str:
+    """The ``front_end`` label of a source's samples."""
+    name = getattr(source, "front_end", None)
+    return name if isinstance(name, str) and name else DEFAULT_FRONT_END
 
 
 def family_of(stats: Mapping[str, Any]) -> Family | None:
@@ -327,7 +353,7 @@ def collect_families(sources: Iterable[object], *, prefix: str = "bufstore") -> 
     fails because of one object). Families of the kinds present are complete even when
     a key is missing (it reads 0), so dashboards always find every series.
     """
-    readings: dict[str, list[tuple[Mapping[str, Any], Mapping[str, HistogramSnapshot]]]] = {}
+    readings: dict[str, dict[str, list[Reading]]] = {}
     for source in sources:
         try:
             stats = source.stats()  # type: ignore[attr-defined]
@@ -340,7 +366,8 @@ def collect_families(sources: Iterable[object], *, prefix: str = "bufstore") -> 
             continue
         family = family_of(stats)
         if family is not None:
-            readings.setdefault(family.name, []).append((stats, histograms))
+            by_front_end = readings.setdefault(family.name, {})
+            by_front_end.setdefault(front_end_label(source), []).append((stats, histograms))
     out: list[FamilyValue] = []
     for family in FAMILIES:
         present = readings.get(family.name)
@@ -349,30 +376,27 @@ def collect_families(sources: Iterable[object], *, prefix: str = "bufstore") -> 
     return out
 
 
-def _combine(
-    family: Family,
-    readings: list[tuple[Mapping[str, Any], Mapping[str, HistogramSnapshot]]],
-    prefix: str,
-) -> list[FamilyValue]:
+def _combine(family: Family, readings: dict[str, list[Reading]], prefix: str) -> list[FamilyValue]:
     values: dict[str, FamilyValue] = {}
     for series in family.series:
         name = f"{prefix}_{series.metric}"
         value = values.setdefault(name, FamilyValue(name, series.kind, series.help))
-        if series.kind == "histogram":
-            for _, histograms in readings:
-                snapshot = histograms.get(series.key)
-                if snapshot is None:
-                    continue
-                value.histogram = (
-                    snapshot if value.histogram is None else value.histogram.merge(snapshot)
-                )
-            continue
-        numbers = [_number(stats.get(series.key, 0)) for stats, _ in readings]
-        if series.kind == "gauge" and series.reduce == "max":
-            value.samples[series.labels] = max(numbers)
-        else:
-            value.samples[series.labels] = math.fsum(numbers)
-    return [v for v in values.values() if v.kind != "histogram" or v.histogram is not None]
+        for front_end, of_front_end in sorted(readings.items()):
+            labels = (*series.labels, ("front_end", front_end))
+            if series.kind == "histogram":
+                for _, histograms in of_front_end:
+                    snapshot = histograms.get(series.key)
+                    if snapshot is None:
+                        continue
+                    known = value.histograms.get(labels)
+                    value.histograms[labels] = snapshot if known is None else known.merge(snapshot)
+                continue
+            numbers = [_number(stats.get(series.key, 0)) for stats, _ in of_front_end]
+            if series.kind == "gauge" and series.reduce == "max":
+                value.samples[labels] = max(numbers)
+            else:
+                value.samples[labels] = math.fsum(numbers)
+    return [v for v in values.values() if v.kind != "histogram" or v.histograms]
 
 
 def _number(value: Any) -> float:
@@ -448,14 +472,16 @@ class StatsCollector:
         for value in collect_families(list(self._sources), prefix=self.prefix):
             labels = sorted({k for key in value.samples for k, _ in key})
             if value.kind == "histogram":
-                assert value.histogram is not None
-                snap = value.histogram
-                yield core.HistogramMetricFamily(
-                    value.name,
-                    value.help,
-                    buckets=[(_le(bound), count) for bound, count in snap.cumulative()],
-                    sum_value=snap.sum,
-                )
+                names = sorted({k for key in value.histograms for k, _ in key})
+                histogram = core.HistogramMetricFamily(value.name, value.help, labels=names)
+                for key, snap in value.histograms.items():
+                    by_name = dict(key)
+                    histogram.add_metric(
+                        [by_name[label] for label in names],
+                        [(_le(bound), count) for bound, count in snap.cumulative()],
+                        sum_value=snap.sum,
+                    )
+                yield histogram
                 continue
             metric_type = (
                 core.CounterMetricFamily if value.kind == "counter" else core.GaugeMetricFamily

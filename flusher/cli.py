@@ -12,14 +12,21 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from buffered_store.cli.common import nats_access, nats_url_option, require, run, store_options
+from buffered_store.cli.common import (
+    langgraph_config,
+    nats_access,
+    nats_url_option,
+    require,
+    run,
+    store_options,
+)
+from buffered_store.config import ENV_PREFIX
 from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
@@ -27,7 +34,19 @@ from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
 from flusher.policy import backoff_s
-from flusher.quarantine import QuarantineKind, QuarantineRecord, drop, list_quarantine, replay
+from flusher.quarantine import (
+    BulkReplay,
+    QuarantineKind,
+    QuarantineRecord,
+    ReplayResult,
+    drop,
+    list_quarantine,
+    replay,
+    replay_all,
+)
+
+if TYPE_CHECKING:
+    from buffered_store.langgraph import LangGraphConfig
 
 log = logging.getLogger("flusher.cli")
 T = TypeVar("T")
@@ -57,6 +76,18 @@ def flusher_config(nats_url: str | None, **overrides: Any) -> FlusherConfig:
     if nats_url:
         values["nats_url"] = nats_url
     return FlusherConfig.from_env(**values)
+
+
+def langgraph_flusher_config(lg: LangGraphConfig, **overrides: Any) -> FlusherConfig:
+    """The flusher of the LangGraph front-end: the stream, consumer and bucket settings
+    are the saver's own (``BUFSTORE_LG_*``: ``max_age_s``, ``replicas``,
+    ``duplicate_window_s``, ``ack_wait_s``, ...), so it opens the objects the savers
+    created; the flusher's own knobs read ``BUFSTORE_LG_<FIELD>``, then
+    ``BUFSTORE_<FIELD>``. Overrides that are None are ignored."""
+    from buffered_store.langgraph.config import LG_ENV_PREFIX
+
+    given = {name: value for name, value in overrides.items() if value is not None}
+    return FlusherConfig.for_front_end(lg, env_prefixes=(LG_ENV_PREFIX, ENV_PREFIX), **given)
 
 
 @click.command("flusher", context_settings={"help_option_names": ["-h", "--help"]})
@@ -111,33 +142,16 @@ def flusher_command(
 ) -> None:
     """Drain the WAL into Postgres until SIGINT/SIGTERM, then stop with a drain."""
     setup_logging(log_level, log_format)
-    config = flusher_config(
-        nats_url,
-        consumer_name=consumer_name,
-        flush_interval_s=flush_interval_s,
-        flush_batch_size=flush_batch_size,
-    )
+    knobs = {
+        "consumer_name": consumer_name,
+        "flush_interval_s": flush_interval_s,
+        "flush_batch_size": flush_batch_size,
+    }
     if front_end == "langgraph":
-        from buffered_store.langgraph import LG_FORMAT, LangGraphConfig, LangGraphSink
+        from buffered_store.langgraph import LG_FORMAT, LangGraphSink
 
-        source = click.get_current_context().get_parameter_source("database_url")
-        explicit = source is click.core.ParameterSource.COMMANDLINE
-        if not explicit and "BUFSTORE_LG_DATABASE_URL" in os.environ:
-            database_url = None  # $DATABASE_URL may be the thread-run store's
-        given: dict[str, Any] = {"nats_url": nats_url, "database_url": database_url}
-        lg = LangGraphConfig.from_env(None, **{k: v for k, v in given.items() if v})
-        config = config.replace(
-            nats_url=lg.nats_url,
-            credentials=nats_access().get("credentials", lg.credentials),
-            tls_ca_file=nats_access().get("tls_ca_file", lg.tls_ca_file),
-            tls_cert_file=nats_access().get("tls_cert_file", lg.tls_cert_file),
-            tls_key_file=nats_access().get("tls_key_file", lg.tls_key_file),
-            connect_timeout_s=lg.connect_timeout_s,
-            stream_name=lg.stream_name,
-            hot_bucket=lg.hot_bucket,
-            quarantine_bucket=lg.quarantine_bucket,
-            consumer_name=consumer_name or lg.consumer_name,
-        )
+        lg = langgraph_config(nats_url, database_url)
+        config = langgraph_flusher_config(lg, **knobs)
         run(
             lambda: _serve(
                 config,
@@ -148,6 +162,7 @@ def flusher_command(
             )
         )
         return
+    config = flusher_config(nats_url, **knobs)
     url = require(database_url, "--database-url")
 
     def open_store() -> Awaitable[Any]:
@@ -182,7 +197,9 @@ async def _serve(
         if metrics_port is not None:
             from buffered_store.metrics import StatsCollector, serve_metrics
 
-            sources = [flusher, inner] if callable(getattr(inner, "stats", None)) else [flusher]
+            # A front-end's sink exports the inner-store metrics through its `metrics`.
+            store = getattr(inner, "metrics", inner)
+            sources = [flusher, store] if callable(getattr(store, "stats", None)) else [flusher]
             metrics = serve_metrics(metrics_port, StatsCollector(sources))
             click.echo(f"metrics on http://0.0.0.0:{metrics.port}/metrics", err=True)
 
@@ -282,12 +299,43 @@ def quarantine() -> None:
     """Inspect, replay or drop WAL messages the flusher quarantined."""
 
 
+front_end_option = click.option(
+    "--front-end",
+    type=click.Choice(["threadrun", "langgraph"]),
+    default="threadrun",
+    show_default=True,
+    help="Whose WAL: langgraph reads the LangGraph checkpointer's stream and buckets "
+    "(BUFSTORE_LG_* variables) and flushes into LangGraph's tables.",
+)
+bucket_option = click.option(
+    "--quarantine-bucket",
+    default=None,
+    help="Read the records of this bucket instead of the front-end's own (e.g. those a "
+    "flusher of another front-end wrote about this stream).",
+)
+
+
+def quarantine_config(
+    front_end: str, nats_url: str | None, database_url: str | None, bucket: str | None
+) -> FlusherConfig:
+    """The configuration the quarantine commands of `front_end` use."""
+    if front_end == "langgraph":
+        config = langgraph_flusher_config(langgraph_config(nats_url, database_url))
+    else:
+        config = flusher_config(nats_url)
+    return config.replace(quarantine_bucket=bucket) if bucket else config
+
+
 @quarantine.command("list")
 @nats_url_option
+@front_end_option
+@bucket_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def quarantine_list(nats_url: str | None, as_json: bool) -> None:
+def quarantine_list(
+    nats_url: str | None, front_end: str, quarantine_bucket: str | None, as_json: bool
+) -> None:
     """List quarantine records (threads first, then messages)."""
-    config = flusher_config(nats_url)
+    config = quarantine_config(front_end, nats_url, None, quarantine_bucket)
 
     async def main() -> list[QuarantineRecord]:
         wal = await NatsWal.connect(config, name="bufstore-quarantine")
@@ -321,56 +369,110 @@ def _describe(record: QuarantineRecord) -> str:
     )
 
 
-def _selector(stream_seq: int | None, thread_id: str | None) -> None:
-    if (stream_seq is None) == (thread_id is None):
-        raise click.UsageError("give --stream-seq or --thread-id (exactly one)")
+def _selector(stream_seq: int | None, thread_id: str | None, every: bool = False) -> None:
+    if (stream_seq is not None) + (thread_id is not None) + every != 1:
+        raise click.UsageError(
+            "give --stream-seq or --thread-id (exactly one)"
+            if not every and stream_seq is None and thread_id is None
+            else "give exactly one of --stream-seq, --thread-id or --all"
+        )
 
 
 @quarantine.command("replay")
 @store_options
+@front_end_option
+@bucket_option
 @click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
-@click.option("--thread-id", default=None, help="A quarantined thread.")
+@click.option("--thread-id", default=None, help="A quarantined thread (all its records).")
+@click.option("--all", "every", is_flag=True, help="Every quarantined thread, in bulk.")
 def quarantine_replay(
     nats_url: str | None,
     database_url: str | None,
     schema: str,
+    front_end: str,
+    quarantine_bucket: str | None,
     stream_seq: int | None,
     thread_id: str | None,
+    every: bool,
 ) -> None:
-    """Flush a quarantined thread into Postgres again, from its stored watermark."""
-    _selector(stream_seq, thread_id)
-    url = require(database_url, "--database-url")
-    config = flusher_config(nats_url)
+    """Flush quarantined threads into Postgres again, from their stored watermarks.
 
-    async def main() -> None:
-        from buffered_store.stores.postgres import PostgresThreadRunStore
+    --thread-id replays the thread and removes all its records; --all does so for every
+    thread with a record, one flush per thread, and lists the records it left (payloads
+    that are no entry of this front-end). Exit status 1 when a thread still fails.
+    """
+    _selector(stream_seq, thread_id, every)
+    config = quarantine_config(front_end, nats_url, database_url, quarantine_bucket)
+    fmt: Format[Any, Any] = FORMAT
+    if front_end == "langgraph":
+        from buffered_store.langgraph import LG_FORMAT, LangGraphSink
 
-        inner = await PostgresThreadRunStore.connect(url, schema=schema)
+        conninfo = langgraph_config(nats_url, database_url).conninfo
+        fmt = LG_FORMAT
+
+        def open_target() -> Awaitable[Any]:
+            return LangGraphSink.open(conninfo)
+
+    else:
+        url = require(database_url, "--database-url")
+
+        def open_target() -> Awaitable[Any]:
+            from buffered_store.stores.postgres import PostgresThreadRunStore
+
+            return PostgresThreadRunStore.connect(url, schema=schema)
+
+    async def main() -> list[ReplayResult] | BulkReplay:
+        target = await open_target()
         try:
-            wal = await NatsWal.connect(config, name="bufstore-quarantine")
+            wal = await NatsWal.connect(config, name="bufstore-quarantine", front_end=front_end)
             try:
-                thread_log = ThreadLog(wal, config, FORMAT)
-                result = await replay(thread_log, inner, stream_seq=stream_seq, thread_id=thread_id)
+                thread_log = ThreadLog(wal, config, fmt)
+                if every:
+                    return await replay_all(thread_log, target)
+                one = await replay(thread_log, target, stream_seq=stream_seq, thread_id=thread_id)
+                return [one]
             finally:
                 await wal.close()
         finally:
-            await inner.close()
+            await target.close()
+
+    outcome = run(main)
+    bulk = outcome if isinstance(outcome, BulkReplay) else BulkReplay(tuple(outcome))
+    for result in bulk.replayed:
         click.echo(
             f"thread {result.thread_id!r} flushed up to seq {result.flushed_seq}; "
             f"removed {len(result.removed)} record(s)"
         )
-
-    run(main)
+    for key, why in bulk.skipped:
+        click.echo(f"left {key}: {why}")
+    for failed_thread, error in bulk.failed:
+        click.echo(f"thread {failed_thread!r} still fails: {error}", err=True)
+    if every:
+        click.echo(
+            f"{len(bulk.replayed)} thread(s) replayed, {len(bulk.failed)} failed, "
+            f"{len(bulk.skipped)} record(s) left",
+            err=True,
+        )
+    if bulk.failed:
+        raise click.exceptions.Exit(1)
 
 
 @quarantine.command("drop")
 @nats_url_option
+@front_end_option
+@bucket_option
 @click.option("--stream-seq", type=int, default=None, help="A quarantined message.")
 @click.option("--thread-id", default=None, help="A quarantined thread.")
-def quarantine_drop(nats_url: str | None, stream_seq: int | None, thread_id: str | None) -> None:
+def quarantine_drop(
+    nats_url: str | None,
+    front_end: str,
+    quarantine_bucket: str | None,
+    stream_seq: int | None,
+    thread_id: str | None,
+) -> None:
     """Forget quarantine records without flushing anything."""
     _selector(stream_seq, thread_id)
-    config = flusher_config(nats_url)
+    config = quarantine_config(front_end, nats_url, None, quarantine_bucket)
 
     async def main() -> list[str]:
         wal = await NatsWal.connect(config, name="bufstore-quarantine")

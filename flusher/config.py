@@ -8,10 +8,12 @@ embedded next to a store can copy the store's settings with `from_store_config`.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-from buffered_store.config import EngineConfig
+from buffered_store.config import ENV_PREFIX, EngineConfig
 from buffered_store.errors import ConfigError
 
 MIN_FETCH_TIMEOUT_S = 0.005
@@ -85,3 +87,33 @@ class FlusherConfig(EngineConfig):
         shared = {item.name: getattr(cfg, item.name) for item in dataclasses.fields(EngineConfig)}
         shared.update(overrides)
         return cls(**shared)
+
+    @classmethod
+    def for_front_end(
+        cls,
+        cfg: EngineConfig,
+        *,
+        env_prefixes: Sequence[str] = (ENV_PREFIX,),
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Self:
+        """The flusher of a front-end configured by `cfg` (its writers' configuration,
+        e.g. a `LangGraphConfig` read from ``BUFSTORE_LG_*``): every engine setting is
+        `cfg`'s, so the stream and consumer the flusher expects are the ones its
+        writers create (``max_age_s``, ``replicas``, ``duplicate_window_s``,
+        ``ack_wait_s``, ...); the flusher's own knobs (``fetch_timeout_s``,
+        ``drain_timeout_s``, ...) come from the first of `env_prefixes` that sets them.
+        Keyword overrides win over both."""
+        env = os.environ if environ is None else environ
+        engine = {item.name for item in dataclasses.fields(EngineConfig)}
+        mapped: dict[str, str] = {}
+        for item in dataclasses.fields(cls):
+            if item.name in engine:
+                continue
+            for prefix in env_prefixes:
+                raw = env.get(prefix + item.name.upper())
+                if raw is not None:
+                    mapped[ENV_PREFIX + item.name.upper()] = raw
+                    break
+        shared = {name: getattr(cfg, name) for name in engine}
+        return cls.from_env(mapped, **{**shared, **overrides})

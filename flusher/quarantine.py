@@ -271,12 +271,21 @@ async def replay(
 
     Give the thread, or the stream seq of one of its records. A payload that is not an
     entry cannot be replayed (it holds no data to flush): `QuarantineError` says so,
-    unless the payload decodes by now (a newer decoder), when its thread is flushed.
+    unless the payload decodes by now (a newer decoder, or the flusher of the right
+    front-end), when its thread is flushed. A thread's replay removes every record of
+    it: its thread record and its message records (`replay_all` with `thread_id`).
     Raises `StoreError` when the thread still fails; its records then stay. The thread
     log reads the entries of the front-end `target` flushes.
     """
     if (stream_seq is None) == (thread_id is None):
         raise ValidationError("replay needs exactly one of stream_seq or thread_id")
+    if thread_id is not None:
+        bulk = await replay_all(thread_log, target, thread_id=thread_id)
+        if bulk.failed:
+            raise StoreError(bulk.failed[0][1])
+        if not bulk.replayed:
+            raise QuarantineError(f"thread {thread_id!r} is not quarantined")
+        return bulk.replayed[0]
     quarantine = Quarantine(thread_log.wal)
     extra: list[str] = []
     if stream_seq is not None:
@@ -290,6 +299,76 @@ async def replay(
             thread_id = await _thread_of_payload(thread_log, stream_seq, record)
     assert thread_id is not None
     return await _replay_thread(thread_log, target, quarantine, thread_id, extra)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkReplay:
+    """What `replay_all` did."""
+
+    replayed: tuple[ReplayResult, ...] = ()
+    """Threads flushed, with the records each removed."""
+    failed: tuple[tuple[str, str], ...] = ()
+    """(thread, error) of threads that still fail: their records stay."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(record key, why) of records that hold nothing to flush here: a payload that is
+    no entry of this front-end, a message no longer in the stream, another stream's."""
+
+
+async def replay_all(
+    thread_log: ThreadLog[Any, Any], target: FlushSink[Any], *, thread_id: str | None = None
+) -> BulkReplay:
+    """Replay every quarantined thread (or only `thread_id`) in one go, each flushed
+    once from its watermark, whatever number of records it has.
+
+    A record belongs to a thread by its thread record, by its entry, or, for a payload
+    that was not an entry when it was quarantined, by that payload decoding now with this
+    front-end's format: after a flusher of another front-end quarantined every entry of
+    a stream ("'put' is not a valid EntryKind"), the right front-end's replay flushes
+    them all. A thread that still fails keeps its records and the others go on.
+    """
+    quarantine = Quarantine(thread_log.wal)
+    threads: dict[str, list[str]] = {}
+    skipped: list[tuple[str, str]] = []
+    for record in await quarantine.records():
+        if thread_id is not None and record.thread_id not in (thread_id, None):
+            continue  # a message record's thread is its subject's: never another one
+        owner, why = await _owner(thread_log, record)
+        if owner is None:
+            skipped.append((record.key, why))
+        elif thread_id is None or owner == thread_id:
+            threads.setdefault(owner, []).append(record.key)
+    replayed: list[ReplayResult] = []
+    failed: list[tuple[str, str]] = []
+    for owner, keys in threads.items():
+        extra = [key for key in keys if key != thread_key(owner)]
+        try:
+            replayed.append(await _replay_thread(thread_log, target, quarantine, owner, extra))
+        except StoreError as exc:
+            failed.append((owner, f"{type(exc).__name__}: {exc}"))
+    return BulkReplay(tuple(replayed), tuple(failed), tuple(skipped))
+
+
+async def _owner(
+    thread_log: ThreadLog[Any, Any], record: QuarantineRecord
+) -> tuple[str | None, str]:
+    """The thread whose flush a record waits for, or None and why it waits for none."""
+    if record.kind is QuarantineKind.THREAD or (
+        record.seq is not None and record.thread_id is not None
+    ):
+        return record.thread_id, ""
+    stream = thread_log.config.stream_name
+    if record.subject is not None and not record.subject.startswith(f"{stream}."):
+        return None, f"a message of another stream ({record.subject}), not of {stream!r}"
+    assert record.stream_seq is not None
+    msg = await thread_log.wal.get(record.stream_seq)
+    if msg is None:
+        return None, "no longer in the stream: drop it"
+    decoded = classify(
+        thread_log.fmt, thread_log.config.stream_name, msg.subject, msg.data, msg.seq
+    )
+    if isinstance(decoded, Undecodable):
+        return None, f"not an entry of this front-end ({decoded.reason}): drop it"
+    return decoded.thread_id, ""
 
 
 async def _thread_of_payload(

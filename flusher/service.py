@@ -22,6 +22,7 @@ from typing import Any
 from buffered_store.config import EngineConfig
 from buffered_store.engine.entries import Format
 from buffered_store.engine.flushing import FlushSink
+from buffered_store.engine.frontend import front_end_of
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.ports import Delivered, Wal
 from buffered_store.engine.threadlog import ThreadLog
@@ -33,6 +34,7 @@ from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 from buffered_store.threadrun.protocol import ThreadRunStore
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
+from flusher.frontends import confirm_front_end
 from flusher.held import Held, Settler
 from flusher.intake import Intake
 from flusher.policy import Settle, backoff_s
@@ -120,6 +122,12 @@ class Flusher:
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
+    def front_end(self) -> str:
+        """The front-end whose WAL this flusher drains (its format's name; ``custom`` for
+        a format that names none): the ``front_end`` label of its metrics."""
+        return front_end_of(self._fmt) or "custom"
+
+    @property
     def running(self) -> bool:
         """Whether the drain loop runs."""
         return self._task is not None and not self._task.done()
@@ -143,7 +151,13 @@ class Flusher:
         if self._task is not None:
             raise StoreError("the flusher was started already")
         if self._wal is None:
-            self._wal = await NatsWal.connect(self.config, name=self.name)
+            fmt = self._fmt
+            self._wal = await NatsWal.connect(
+                self.config,
+                name=self.name,
+                front_end=front_end_of(fmt),
+                confirm_stream=lambda wal: confirm_front_end(wal, fmt),
+            )
         wal = self._wal
         thread_log = ThreadLog(wal, self.config, self._fmt)
         self._thread_log = thread_log

@@ -13,7 +13,15 @@ from typing import Any
 
 import click
 
-from buffered_store.cli.common import require, run, store_config, store_options
+from buffered_store.cli.common import (
+    FrontEndView,
+    front_end_option,
+    front_end_view,
+    require,
+    run,
+    store_config,
+    store_options,
+)
 
 PROGRESS_LINE_INTERVAL_S = 5.0
 """Seconds between progress lines of `force-flush --all` when stderr is no terminal."""
@@ -121,26 +129,31 @@ def flush_progress() -> Iterator[Callable[[int, int], None]]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Pending threads listed.")
 @store_options
+@front_end_option
 def status(
-    as_json: bool, limit: int, nats_url: str | None, database_url: str | None, schema: str
+    as_json: bool,
+    limit: int,
+    nats_url: str | None,
+    database_url: str | None,
+    schema: str,
+    front_end: str,
 ) -> None:
     """Pending threads, their lag, and the flusher consumer's backlog.
 
     Read-only: creates nothing (a stream, consumer or bucket that does not exist is an
     error). With a database URL, a thread counts as flushed up to the higher of its KV
-    mark and the watermark stored in Postgres.
+    mark and the watermark stored in Postgres (for --front-end langgraph:
+    bufstore_lg_threads; its URL may come from BUFSTORE_LG_DATABASE_URL too).
     """
-    config = store_config(nats_url)
-    report = run(
-        lambda: collect_status(config, limit=limit, database_url=database_url, schema=schema)
-    )
+    view = front_end_view(front_end, nats_url, database_url, schema)
+    report = run(lambda: collect_status(view.config, limit=limit, view=view))
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
     consumer = report["consumer"]
     click.echo(
-        f"stream {report['stream']}: {report['stream_messages']} messages, "
-        f"last seq {report['last_seq']}"
+        f"stream {report['stream']} ({report['front_end']}): {report['stream_messages']} "
+        f"messages, last seq {report['last_seq']}"
     )
     click.echo(
         f"consumer {consumer['name']}: {consumer['num_pending']} undelivered, "
@@ -156,11 +169,18 @@ def status(
 
 
 async def collect_status(
-    config: Any, *, limit: int, database_url: str | None = None, schema: str = "public"
+    config: Any,
+    *,
+    limit: int,
+    database_url: str | None = None,
+    schema: str = "public",
+    view: FrontEndView | None = None,
 ) -> dict[str, Any]:
     """The status report as a dict (`status --json`), from what exists: nothing is
-    created. Flushed seqs are the KV marks, raised to the Postgres watermarks when
-    `database_url` is given (a flush cut short after its commit leaves the mark behind)."""
+    created. Flushed seqs are the KV marks, raised to the Postgres watermarks when a
+    database URL is given (a flush cut short after its commit leaves the mark behind).
+    `view` says whose WAL it is (default: the thread-run store's, with `database_url`
+    and `schema`)."""
     from buffered_store.engine.entries import decode_flushed
     from buffered_store.engine.ids import utcnow
     from buffered_store.engine.keys import flushed_key
@@ -168,23 +188,26 @@ async def collect_status(
     from buffered_store.nats import NatsWal
     from buffered_store.threadrun.entry import FORMAT
 
-    wal = await NatsWal.connect(config, name="bufstore-status", setup="open")
+    if view is None:
+        view = FrontEndView("threadrun", config, FORMAT, database_url, schema)
+    wal = await NatsWal.connect(config, name="bufstore-status", setup="open", front_end=view.name)
     try:
         consumer = await wal.consumer_state()
-        log = ThreadLog(wal, config, FORMAT)
+        log = ThreadLog(wal, config, view.fmt)
         tail = await log.tail_entries()
         by_thread = group_by_thread(tail)
         threads = sorted(by_thread)
         hots, marks, stored = await asyncio.gather(
             asyncio.gather(*(log.hot(t) for t in threads)),
             wal.kv_get_many([flushed_key(t) for t in threads]),
-            stored_watermarks(database_url, schema, threads),
+            view.watermarks(threads),
         )
         now = utcnow()
         rows: list[dict[str, Any]] = []
         for thread_id, hot, mark in zip(threads, hots, marks, strict=True):
             flushed = max(decode_flushed(mark.value).seq if mark else 0, stored.get(thread_id, 0))
-            latest = hot.record.seq if hot else 0
+            # The hot record may lag the entries (LangGraph advances it after the ack).
+            latest = max(hot.record.seq if hot else 0, by_thread[thread_id][-1].seq)
             if latest <= flushed or by_thread[thread_id][-1].seq <= flushed:
                 continue
             first_pending = next(e for e in by_thread[thread_id] if e.seq > flushed)
@@ -200,6 +223,7 @@ async def collect_status(
             )
         rows.sort(key=lambda r: -float(r["lag_s"]))
         return {
+            "front_end": view.name,
             "stream": config.stream_name,
             "stream_messages": consumer.messages,
             "last_seq": consumer.last_seq,
@@ -217,18 +241,3 @@ async def collect_status(
         }
     finally:
         await wal.close()
-
-
-async def stored_watermarks(
-    database_url: str | None, schema: str, threads: list[str]
-) -> dict[str, int]:
-    """The flushed seqs Postgres holds for `threads` (empty without a URL or threads)."""
-    if not database_url or not threads:
-        return {}
-    from buffered_store.stores.postgres import PostgresThreadRunStore
-
-    inner = await PostgresThreadRunStore.connect(database_url, schema=schema)
-    try:
-        return dict(await inner.flushed_seqs(threads))
-    finally:
-        await inner.close()

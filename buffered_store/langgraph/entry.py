@@ -46,6 +46,7 @@ from typing import Any, TypeAlias
 import orjson
 
 from buffered_store.engine.entries import Header, advance_head, frame, header_json, parse_framed
+from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.errors import CorruptEntryError
 
 OPS_KIND = "o"
@@ -690,6 +691,9 @@ class LangGraphFormat:
     list values this writer put last (`LgState`), the bases of its delta blobs; it is
     only known for what the writer itself wrote, so an entry read back leaves it unknown
     (None: the next put writes whole blobs)."""
+
+    front_end = LANGGRAPH
+    """The name its streams are tagged with (`buffered_store.engine.frontend`)."""
 
     def decode_entry(self, payload: bytes, *, stream_seq: int = 0) -> LgEntry:
         return decode_entry(payload, stream_seq=stream_seq)

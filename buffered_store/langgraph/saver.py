@@ -35,6 +35,7 @@ from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, Writer
+from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.pending import PendingIndex
@@ -203,7 +204,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             timeout_s=config.db_timeout_s,
         )
         try:
-            wal = await NatsWal.connect(config, name="bufstore-langgraph")
+            wal = await NatsWal.connect(config, name="bufstore-langgraph", front_end=LANGGRAPH)
         except BaseException:
             await sink.close()
             raise

@@ -170,6 +170,29 @@ class _Rejected(Exception):
         return StoreError(f"flush: {self}")
 
 
+class SinkMetrics:
+    """A `LangGraphSink`'s counters under the names of the inner store's metrics
+    (``bufstore_inner_*``, labelled ``front_end="langgraph"``): what ``bufstore flusher
+    --front-end langgraph --metrics-port`` exports, and what an application embedding
+    the flusher adds to its `StatsCollector` (``collector.add(saver.sink.metrics)``)."""
+
+    front_end = "langgraph"
+
+    def __init__(self, sink: LangGraphSink) -> None:
+        self._sink = sink
+
+    def stats(self) -> dict[str, int]:
+        """Transactions, statements, round trips, conflict retries and apply outcomes."""
+        sink = self._sink
+        return {
+            "transactions": sink.transactions,
+            "statements": sink.stats["statements"],
+            "round_trips": sink.stats["round_trips"],
+            "conflict_retries": sink.stats["conflict_retries"],
+            **sink.outcomes,
+        }
+
+
 class LangGraphSink:
     """Watermark-checked writes of LangGraph entries into LangGraph's Postgres tables
     (the engine's `FlushSink`), and the reads the saver overlays its tail on. Every
@@ -194,6 +217,14 @@ class LangGraphSink:
         statements pipelined, transactions run again with every thread isolated after a
         statement was rejected, after a deadlock or serialization failure, and threads
         whose data Postgres rejected."""
+        self.outcomes = dict.fromkeys(
+            ("apply_calls", "thread_applications", "stale", "gaps", "failed", "applied_entries"),
+            0,
+        )
+        """Counters of `apply` calls and their per-thread outcomes, under the names of the
+        thread-run stores' (``applied_entries``: entries of applied batches)."""
+        self.metrics = SinkMetrics(self)
+        """The sink as a source of `buffered_store.metrics.StatsCollector`."""
 
     @classmethod
     async def open(
@@ -311,7 +342,23 @@ class LangGraphSink:
                     )
                     live.remove(culprit)
                     isolated = False
-        return [outcomes[index] for index in range(len(batches))]
+        result = [outcomes[index] for index in range(len(batches))]
+        self._count(batches, result)
+        return result
+
+    def _count(self, batches: Sequence[Sequence[LgEntry]], result: list[ApplyOutcome]) -> None:
+        counts = self.outcomes
+        counts["apply_calls"] += 1
+        for batch, outcome in zip(batches, result, strict=True):
+            if outcome.status is ApplyStatus.APPLIED:
+                counts["thread_applications"] += 1
+                counts["applied_entries"] += sum(1 for e in batch if e.seq <= outcome.flushed_seq)
+            elif outcome.status is ApplyStatus.STALE:
+                counts["stale"] += 1
+            elif outcome.status is ApplyStatus.GAP:
+                counts["gaps"] += 1
+            else:
+                counts["failed"] += 1
 
     async def _transaction(
         self,

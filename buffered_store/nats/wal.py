@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import nats
@@ -38,6 +39,7 @@ from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.kv import KeyValue
 
 from buffered_store.config import EngineConfig
+from buffered_store.engine.frontend import FRONT_END_KEY, stream_metadata, tag_of, wrong_front_end
 from buffered_store.engine.keys import stream_subjects
 from buffered_store.engine.ports import ConsumerState, KvValue, StoredMsg
 from buffered_store.errors import (
@@ -165,9 +167,14 @@ class ReplyInbox:
 class NatsWal:
     """One NATS connection with the project's JetStream objects (the `engine.ports.Wal`)."""
 
-    def __init__(self, nc: Client, config: EngineConfig) -> None:
+    def __init__(self, nc: Client, config: EngineConfig, *, front_end: str | None = None) -> None:
         self._nc = nc
         self.config = config
+        self.front_end = front_end
+        """The front-end this connection writes or drains for (None: any): a stream it
+        creates is tagged with it, and a stream tagged for another is refused."""
+        self.stream_front_end: str | None = None
+        """The front-end the stream's metadata names, once opened (None: untagged)."""
         self._js: JetStreamContext = nc.jetstream(timeout=config.request_timeout_s)
         self.stream = config.stream_name
         self.direct = not config.leader_reads
@@ -225,6 +232,8 @@ class NatsWal:
         setup: Literal["ensure", "open", "none"] = "ensure",
         reconnect: Reconnect = "forever",
         connect_timeout_s: float | None = None,
+        front_end: str | None = None,
+        confirm_stream: Callable[[NatsWal], Awaitable[None]] | None = None,
     ) -> NatsWal:
         """Connect and open the JetStream objects.
 
@@ -240,12 +249,18 @@ class NatsWal:
         ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, tries
         each server once, without retries, and logs nothing (a one-shot health check).
         See `connection.open_client`.
+
+        ``front_end`` (``"threadrun"``, ``"langgraph"``): a stream created here is tagged
+        with it (stream metadata), and a stream tagged for another front-end is refused
+        with `ConfigError` (see `buffered_store.engine.frontend`). ``confirm_stream``
+        runs right after the stream is opened, before anything else is created (a
+        flusher judges an untagged stream there).
         """
         nc = await open_client(config, name=name, reconnect=reconnect, timeout_s=connect_timeout_s)
-        wal = cls(nc, config)
+        wal = cls(nc, config, front_end=front_end)
         try:
             if setup == "ensure":
-                await wal.ensure_objects()
+                await wal.ensure_objects(confirm_stream)
             elif setup == "open":
                 await wal.open_objects()
         except BaseException:
@@ -289,6 +304,7 @@ class NatsWal:
             num_replicas=cfg.replicas,
             allow_direct=True,
             discard=DiscardPolicy.OLD,
+            metadata=stream_metadata(self.front_end),
         )
 
     def _consumer_config(self) -> ConsumerConfig:
@@ -305,10 +321,15 @@ class NatsWal:
             max_waiting=512,
         )
 
-    async def ensure_objects(self) -> None:
-        """Create the stream, buckets and consumer, or check the existing ones agree."""
+    async def ensure_objects(
+        self, confirm_stream: Callable[[NatsWal], Awaitable[None]] | None = None
+    ) -> None:
+        """Create the stream, buckets and consumer, or check the existing ones agree
+        (`confirm_stream`, if given, runs once the stream is there, before the rest)."""
         async with translated("set up JetStream"):
             await self._ensure_stream()
+            if confirm_stream is not None:
+                await confirm_stream(self)
             self._hot = await self._ensure_bucket(self.config.hot_bucket, history=1)
             quarantine = await self._ensure_bucket(self.config.quarantine_bucket, history=1)
             self._quarantine = NatsBucket(quarantine, "quarantine bucket")
@@ -320,7 +341,7 @@ class NatsWal:
         cfg = self.config
         async with translated("open JetStream objects"):
             try:
-                await self._js.stream_info(cfg.stream_name)
+                self._check_front_end((await self._js.stream_info(cfg.stream_name)).config)
             except jse.NotFoundError:
                 raise StoreError(
                     f"the stream {cfg.stream_name!r} does not exist (check the stream name: "
@@ -351,9 +372,11 @@ class NatsWal:
         try:
             info = await self._js.stream_info(self.stream)
         except jse.NotFoundError:
-            await self._js.add_stream(wanted)
+            created = await self._js.add_stream(wanted)
+            self.stream_front_end = tag_of(created.config.metadata)
             return
         have = info.config
+        self._check_front_end(have)
         conflicts = [
             f"{name}: existing {old!r}, configured {new!r}"
             for name, old, new in (
@@ -373,6 +396,29 @@ class NatsWal:
                 + "; ".join(conflicts)
                 + "). Change the configuration to match, or update the stream deliberately."
             )
+
+    def _check_front_end(self, have: StreamConfig) -> None:
+        """Note whose the stream is; `ConfigError` when it is another front-end's."""
+        self.stream_front_end = tag_of(have.metadata)
+        found, ours = self.stream_front_end, self.front_end
+        if found and ours and found != ours:
+            evidence = f"its metadata {FRONT_END_KEY}={found!r}"
+            raise ConfigError(wrong_front_end(self.stream, found, ours, evidence))
+
+    async def tag_stream(self) -> bool:
+        """Tag an untagged stream with this connection's front-end (stream metadata);
+        False when the server keeps no metadata (before 2.10) or the stream is tagged."""
+        if self.front_end is None:
+            return False
+        async with translated("tag the stream"):
+            have = (await self._js.stream_info(self.stream)).config
+            if tag_of(have.metadata) is not None:
+                self.stream_front_end = tag_of(have.metadata)
+                return False
+            have.metadata = {**(have.metadata or {}), **(stream_metadata(self.front_end) or {})}
+            updated = await self._js.update_stream(have)
+        self.stream_front_end = tag_of(updated.config.metadata)
+        return self.stream_front_end == self.front_end
 
     async def _ensure_bucket(self, bucket: str, *, history: int) -> KeyValue:
         return self._bucket_handle(await self._open_bucket(bucket, history=history), bucket)
@@ -700,6 +746,23 @@ class NatsWal:
             last_seq=int(stream.state.last_seq),
             messages=int(stream.state.messages),
         )
+
+    async def consumer_activity(self) -> tuple[int, float | None]:
+        """(pull requests waiting on the durable consumer, seconds since it last
+        delivered a message or had one acknowledged; None: never): whether a flusher
+        consumes it, as the server sees it."""
+        async with translated("read the flusher consumer"):
+            info = await self._js.consumer_info(self.stream, self.config.consumer_name)
+        stamps = [
+            seq.last_active
+            for seq in (info.delivered, info.ack_floor)
+            if seq is not None and seq.last_active is not None
+        ]
+        idle = None
+        if stamps:
+            now = datetime.now(UTC)
+            idle = max(0.0, (now - max(stamps)).total_seconds())
+        return int(info.num_waiting or 0), idle
 
     async def subscribe(self) -> NatsDelivery:
         """A pull subscription bound to the durable consumer."""

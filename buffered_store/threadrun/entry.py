@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from buffered_store.engine.entries import Header, advance_head, header_json, parse_entry
+from buffered_store.engine.frontend import THREADRUN
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
 from buffered_store.threadrun.messages import (
@@ -343,6 +344,9 @@ class ThreadRunFormat:
     """The thread-run front-end as the engine sees it: its entries, its hot records and,
     as the writer's cursor state, the thread's canonical message snapshot
     (`buffered_store.engine.appender.WriteFormat`)."""
+
+    front_end = THREADRUN
+    """The name its streams are tagged with (`buffered_store.engine.frontend`)."""
 
     def decode_entry(self, payload: bytes, *, stream_seq: int = 0) -> WalEntry:
         """`decode_entry`."""

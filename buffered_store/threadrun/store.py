@@ -20,6 +20,7 @@ from typing import Any
 from buffered_store.config import BufferedStoreConfig, ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.flushing import FlushStatus
+from buffered_store.engine.frontend import THREADRUN
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
@@ -146,7 +147,7 @@ class BufferedThreadRunStore:
         config: BufferedStoreConfig,
         clock: Callable[[], datetime],
     ) -> BufferedThreadRunStore:
-        wal = await NatsWal.connect(config, name="bufstore-store")
+        wal = await NatsWal.connect(config, name="bufstore-store", front_end=THREADRUN)
         return cls.over(inner, wal, config, clock=clock)
 
     @classmethod

@@ -97,6 +97,9 @@ async def scrape(port: int) -> Scrape:
 
 
 def value(samples: Scrape, name: str, **labels: str) -> float:
+    """A sample of the thread-run front-end (unless `labels` name another)."""
+    if not name.startswith("process_"):
+        labels.setdefault("front_end", "threadrun")
     return samples[(name, frozenset(labels.items()))]
 
 
@@ -240,7 +243,13 @@ async def test_scrape_agrees_with_the_workload_and_with_postgres(
 
     # Every series the exporter knows is served, and nothing else (no per-thread labels).
     assert {name for name, _ in samples} == metric_names()
-    assert {k for _, labels in samples for k, _ in labels} <= {"result", "outcome", "stage", "le"}
+    assert {k for _, labels in samples for k, _ in labels} <= {
+        "result",
+        "outcome",
+        "stage",
+        "le",
+        "front_end",
+    }
 
     # Checkpoints: exactly the ones made, all successful.
     assert value(samples, "bufstore_store_checkpoints_total", result="ok") == made
@@ -424,6 +433,7 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
             ["OK", "nats"],
             ["OK", "backlog"],
             ["OK", "lag"],
+            ["OK", "flusher"],
             ["OK", "postgres"],
         ]
 
@@ -464,6 +474,7 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
                 "nats": "ok",
                 "backlog": "ok",
                 "lag": "fail",
+                "flusher": "ok",  # it runs, retrying against the stopped Postgres
                 "postgres": "skip",
             }
         finally:
@@ -540,6 +551,7 @@ async def test_health_fails_when_nats_is_unreachable_or_the_consumer_missing(
         "nats": "fail",
         "backlog": "skip",
         "lag": "skip",
+        "flusher": "skip",
         "postgres": "fail",
     }
 

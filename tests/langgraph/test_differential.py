@@ -352,3 +352,61 @@ def probes(
     found.append(("list", {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}, flt))
     found.append(("list", {"configurable": {"thread_id": tid}}, {"limit": 3}))
     return found
+
+
+async def test_a_second_front_ends_flusher_refuses_to_start(
+    nats_url: str, schemas: tuple[str, str]
+) -> None:
+    """Issue 24 item 7: a thread-run flusher pointed at the LangGraph saver's stream (a
+    ``BUFSTORE_STREAM_NAME`` meant for the saver, say) refuses to start, naming the
+    stream's front-end, instead of quarantining and acknowledging every entry; nothing
+    is quarantined or consumed, and the saver's own flusher then writes what
+    AsyncPostgresSaver wrote."""
+    from buffered_store.errors import ConfigError
+    from buffered_store.langgraph import LG_FORMAT
+    from buffered_store.stores.memory import InMemoryThreadRunStore
+    from flusher import Flusher, FlusherConfig
+
+    ref_dsn, buf_dsn = schemas
+    rnd = random.Random(24)
+    config = fresh_config(nats_url, buf_dsn, drain_on_close=False)
+    async with (
+        AsyncPostgresSaver.from_conn_string(ref_dsn) as ref,
+        BufferedCheckpointSaver.connect(config) as buf,
+    ):
+        await ref.setup()
+        await buf.setup()
+        model = Model()
+        for step in range(40):
+            await both_put(ref, buf, model, rnd, rnd.choice(THREADS), rnd.choice(NAMESPACES), step)
+        before = await buf.wal.consumer_state()
+
+        wrong = Flusher(
+            InMemoryThreadRunStore(),
+            FlusherConfig(nats_url=nats_url, stream_name=config.stream_name, flush_interval_s=0.05),
+            backlog_poll_s=0,
+        )
+        with pytest.raises(ConfigError) as refused:
+            await wrong.start()
+        message = str(refused.value)
+        assert f"stream {config.stream_name!r} holds the langgraph front-end's entries" in message
+        assert "--front-end langgraph" in message
+        assert not wrong.running
+        assert await buf.wal.quarantine.keys() == []
+        assert await buf.wal.consumer_state() == before  # nothing consumed, nothing acked
+
+        async with Flusher(buf.sink, config, fmt=LG_FORMAT, backlog_poll_s=0):
+            deadline = asyncio.get_running_loop().time() + 30  # the right flusher drains it
+            while (state := await buf.wal.consumer_state()).ack_floor < state.last_seq:
+                assert asyncio.get_running_loop().time() < deadline, state
+                await asyncio.sleep(0.02)
+    async with (
+        await psycopg.AsyncConnection.connect(ref_dsn) as ra,
+        await psycopg.AsyncConnection.connect(buf_dsn) as rb,
+    ):
+        for table, order in TABLES.items():
+            query = f"SELECT * FROM {table} ORDER BY {order}"
+            assert (
+                await (await ra.execute(query)).fetchall()
+                == await (await rb.execute(query)).fetchall()
+            ), table

@@ -72,3 +72,35 @@ def test_from_store_config_copies_every_shared_field() -> None:
         assert getattr(config, item.name) == getattr(store, item.name)
     assert config.db_retry_max_s == 1.0
     assert config.drain_timeout_s == FlusherConfig().drain_timeout_s
+
+
+def test_langgraph_flusher_takes_every_stream_setting_from_bufstore_lg(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24 item 6: ``bufstore flusher --front-end langgraph`` expects the stream and
+    consumer its savers create from ``BUFSTORE_LG_*`` (replicas 3, as the durability
+    docs recommend, included), never the thread-run store's ``BUFSTORE_*`` settings; its
+    own knobs read ``BUFSTORE_LG_*`` first, then ``BUFSTORE_*``."""
+    from buffered_store.langgraph import LangGraphConfig
+    from flusher.cli import langgraph_flusher_config
+
+    env = {
+        "BUFSTORE_LG_MAX_AGE_S": "3600",
+        "BUFSTORE_LG_REPLICAS": "3",
+        "BUFSTORE_LG_DUPLICATE_WINDOW_S": "60",
+        "BUFSTORE_LG_ACK_WAIT_S": "20",
+        "BUFSTORE_MAX_AGE_S": "86400",  # the thread-run store's: not the saver's stream
+        "BUFSTORE_REPLICAS": "1",
+        "BUFSTORE_FETCH_TIMEOUT_S": "0.25",
+        "BUFSTORE_LG_DB_RETRY_MAX_S": "2",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    saver = LangGraphConfig.from_env()
+    config = langgraph_flusher_config(saver, flush_batch_size=64, consumer_name=None)
+    for name in ("stream_name", "consumer_name", "quarantine_bucket", "hot_bucket"):
+        assert getattr(config, name) == getattr(saver, name)
+    assert (config.max_age_s, config.replicas) == (3600.0, 3)
+    assert (config.duplicate_window_s, config.ack_wait_s) == (60.0, 20.0)
+    assert (config.fetch_timeout_s, config.db_retry_max_s) == (0.25, 2.0)
+    assert config.flush_batch_size == 64

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -150,17 +151,18 @@ def test_sources_of_one_kind_are_combined() -> None:
             ]
         )
     }
-    assert families["bufstore_flusher_entries"].samples == {(): 7.0}
-    assert families["bufstore_flusher_batches"].samples == {(): 2.0}
-    assert families["bufstore_flusher_backlog_messages"].samples == {(): 9.0}  # max
-    assert families["bufstore_flusher_held_messages"].samples == {(): 3.0}  # sum
+    threadrun = (("front_end", "threadrun"),)  # sources that name no front-end
+    assert families["bufstore_flusher_entries"].samples == {threadrun: 7.0}
+    assert families["bufstore_flusher_batches"].samples == {threadrun: 2.0}
+    assert families["bufstore_flusher_backlog_messages"].samples == {threadrun: 9.0}  # max
+    assert families["bufstore_flusher_held_messages"].samples == {threadrun: 3.0}  # sum
     histogram = families["bufstore_flusher_flush_lag_seconds"].histogram
     assert histogram is not None
     assert histogram.count == 4
     checkpoints = families["bufstore_store_checkpoints"].samples
-    assert checkpoints[(("result", "ok"),)] == 5.0
-    assert checkpoints[(("result", "invalid"),)] == 1.0
-    assert checkpoints[(("result", "error"),)] == 0.0  # missing keys read 0
+    assert checkpoints[(("result", "ok"), *threadrun)] == 5.0
+    assert checkpoints[(("result", "invalid"), *threadrun)] == 1.0
+    assert checkpoints[(("result", "error"), *threadrun)] == 0.0  # missing keys read 0
     assert not any(name.startswith("bufstore_inner") for name in families)
 
 
@@ -177,7 +179,7 @@ def test_scrape_serves_only_known_names_without_thread_labels() -> None:
     text = generate_latest(registry).decode()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     assert {s.name for s in samples} <= metric_names()
-    assert {label for s in samples for label in s.labels} <= {"result", "stage", "le"}
+    assert {label for s in samples for label in s.labels} <= {"result", "stage", "le", "front_end"}
     by_name = {(s.name, s.labels.get("le")): s.value for s in samples}
     assert by_name[("bufstore_flusher_entries_total", None)] == 3.0
     assert by_name[("bufstore_flusher_flush_lag_seconds_count", None)] == 2.0
@@ -196,13 +198,12 @@ def test_serve_metrics_over_http() -> None:
             body = response.read().decode()
     finally:
         server.close()
-    assert "bufstore_flusher_batches_total 1.0" in body
+    assert 'bufstore_flusher_batches_total{front_end="threadrun"} 1.0' in body
     assert "process_cpu_seconds_total" in body or sys.platform != "linux"
 
 
 def test_exported_keys_exist_in_the_real_stats() -> None:
     """Every series the exporter maps must be a key the objects really report."""
-    from types import SimpleNamespace
 
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -227,3 +228,39 @@ def test_exported_keys_exist_in_the_real_stats() -> None:
         for series in family.series:
             found = histograms if series.kind == "histogram" else stats
             assert series.key in found, (family.name, series.key)
+
+
+def test_every_sample_carries_its_front_end_and_front_ends_are_not_added_up() -> None:
+    """Issue 24: the thread-run store's and the LangGraph checkpointer's flushers in one
+    process (or one dashboard) stay apart, histograms included; the LangGraph sink
+    exports the inner-store metrics under the thread-run store's names."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from buffered_store.langgraph.sink import SinkMetrics
+    from buffered_store.metrics import StatsCollector
+
+    langgraph = flusher_source(entries=4)
+    langgraph.front_end = "langgraph"  # type: ignore[attr-defined]
+    sink: Any = SimpleNamespace(
+        transactions=3,
+        stats={"statements": 9, "round_trips": 6, "conflict_retries": 1},
+        outcomes={"apply_calls": 3, "thread_applications": 5, "applied_entries": 7},
+    )
+    collector = StatsCollector([flusher_source(entries=3), langgraph, SinkMetrics(sink)])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    samples = {
+        (s.name, s.labels.get("front_end"), s.labels.get("outcome"), s.labels.get("le")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("bufstore_flusher_entries_total", "threadrun", None, None)] == 3.0
+    assert samples[("bufstore_flusher_entries_total", "langgraph", None, None)] == 4.0
+    assert samples[("bufstore_flusher_flush_lag_seconds_count", "langgraph", None, None)] == 2.0
+    assert samples[("bufstore_inner_transactions_total", "langgraph", None, None)] == 3.0
+    assert samples[("bufstore_inner_round_trips_total", "langgraph", None, None)] == 6.0
+    assert samples[("bufstore_inner_apply_outcomes_total", "langgraph", "applied", None)] == 5.0
+    assert samples[("bufstore_inner_applied_entries_total", "langgraph", None, None)] == 7.0
+    assert not any(k[0].startswith("bufstore_inner") and k[1] == "threadrun" for k in samples)
