@@ -706,6 +706,10 @@ class HotUpdates(Generic[H, S]):
         """Whether an update of the thread's hot record is queued or in flight."""
         return thread_id in self._running
 
+    def unsettled(self) -> set[str]:
+        """Threads whose hot-record update is queued or in flight."""
+        return set(self._latest) | set(self._running)
+
     async def settled(self) -> None:
         """Return once every update submitted so far is written (or has failed for good:
         the writer was closed)."""

@@ -10,7 +10,7 @@ saver turns merged rows into `CheckpointTuple` with LangGraph's own loaders.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -24,6 +24,8 @@ WriteKey = tuple[str, str]
 """(checkpoint_ns, checkpoint_id)"""
 StoredWrite = tuple[str, int, str, str, bytes | None, str]
 """(task_id, idx, channel, type, blob, task_path) as checkpoint_writes holds it."""
+ParentWrite = tuple[str, str, str, int, str, str, bytes | None, str]
+"""(checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,12 @@ def fold(entries: Sequence[LgEntry]) -> Tail:
     tail = Tail(deleted=cut >= 0)
     for op in ops[cut + 1 :]:
         if isinstance(op, Put):
-            tail.checkpoints[(op.ns, op.checkpoint_id)] = op
+            earlier = tail.checkpoints.get((op.ns, op.checkpoint_id))
+            # A checkpoint put again keeps its first parent (the upsert only replaces
+            # the checkpoint and its metadata).
+            tail.checkpoints[(op.ns, op.checkpoint_id)] = (
+                op if earlier is None else replace(op, parent_id=earlier.parent_id)
+            )
             for blob in op.blobs:
                 key = (op.ns, blob.channel, blob.version)
                 if key in tail.blobs or key in tail.deltas:
@@ -113,6 +120,22 @@ def fold(entries: Sequence[LgEntry]) -> Tail:
     return tail
 
 
+@dataclass(frozen=True, slots=True)
+class Order:
+    """How the database orders text (checkpoint ids, task paths): its collation. Without
+    `ranks`, by code point (collations ``C``, ``POSIX``, ``C.UTF-8``, the builtin
+    provider's); with them, by each text's position among the texts Postgres sorted for
+    this read (`LangGraphSink.collation_ranks`)."""
+
+    ranks: Mapping[str, int] | None = None
+
+    def key(self, text: str) -> Any:
+        return text if self.ranks is None else self.ranks[text]
+
+
+CODE_POINT = Order()
+
+
 def metadata_of(put: Put) -> Any:
     """The decoded metadata of a tail checkpoint."""
     return orjson.loads(put.metadata)
@@ -138,22 +161,20 @@ def merge(
     before_id: str | None,
     metadata_filter: Mapping[str, Any] | None,
     limit: int | None,
+    order: Order = CODE_POINT,
 ) -> list[Row]:
-    """Stored rows and the tail's checkpoints matching the query, newest first.
-    Rows from the tail are marked ``_pending`` (their blobs and writes are completed
-    by `complete`)."""
+    """Stored rows and the tail's checkpoints matching the query, newest first in the
+    database's `order`. Rows from the tail are marked ``_pending`` (their blobs and
+    writes are completed by `complete`)."""
     merged: dict[WriteKey, Row] = {}
     if not tail.deleted:
         for row in rows:
             key = (row["checkpoint_ns"], row["checkpoint_id"])
             if key not in tail.checkpoints:
                 merged[key] = row
-    for key, put in tail.checkpoints.items():
-        if ns is not None and key[0] != ns:
-            continue
-        if checkpoint_id is not None and key[1] != checkpoint_id:
-            continue
-        if before_id is not None and not key[1] < before_id:
+    for key in candidates(tail, ns=ns, checkpoint_id=checkpoint_id):
+        put = tail.checkpoints[key]
+        if before_id is not None and not order.key(key[1]) < order.key(before_id):
             continue
         metadata = metadata_of(put)
         if metadata_filter and not contains(metadata, metadata_filter):
@@ -169,8 +190,27 @@ def merge(
             "pending_writes": None,
             "_pending": True,
         }
-    chosen = sorted(merged.values(), key=lambda r: str(r["checkpoint_id"]), reverse=True)
+    chosen = sorted(merged.values(), key=lambda r: order.key(r["checkpoint_id"]), reverse=True)
     return chosen if limit is None else chosen[:limit]
+
+
+def candidates(tail: Tail, *, ns: str | None, checkpoint_id: str | None) -> list[WriteKey]:
+    """The tail's checkpoints in the read's namespace and id (before ``before`` and
+    the metadata filter)."""
+    return [
+        key
+        for key in tail.checkpoints
+        if (ns is None or key[0] == ns) and (checkpoint_id is None or key[1] == checkpoint_id)
+    ]
+
+
+def keep_stored_parents(chosen: Sequence[Row], parents: Mapping[WriteKey, str | None]) -> None:
+    """Pending rows put again over a stored checkpoint keep the stored row's parent, as
+    the flush's upsert does (`parents`: the stored parents of pending rows' keys)."""
+    for row in chosen:
+        key = (row["checkpoint_ns"], row["checkpoint_id"])
+        if row.get("_pending") and key in parents:
+            row["parent_checkpoint_id"] = parents[key]
 
 
 def wanted(chosen: Sequence[Row], tail: Tail) -> tuple[list[BlobKey], list[WriteKey]]:
@@ -230,6 +270,22 @@ def complete(
     else:
         for w in row["pending_writes"] or ():
             state[(w[0].decode(), int(w[5]))] = (w[1].decode(), w[2].decode(), w[3], w[4].decode())
+    apply_writes(state, tail, key)
+    row["pending_writes"] = [
+        [task.encode(), channel.encode(), type_.encode(), blob, path.encode(), str(idx).encode()]
+        for (task, idx), (channel, type_, blob, path) in state.items()
+    ]
+    return row
+
+
+WriteState = dict[tuple[str, int], tuple[str, str, bytes | None, str]]
+"""(task_id, idx) -> (channel, type, blob, task_path) of one checkpoint's writes."""
+
+
+def apply_writes(state: WriteState, tail: Tail, key: WriteKey) -> None:
+    """The tail's writes of one checkpoint applied on its stored writes, as the flush
+    applies them (insert-or-ignore per (task, idx); an upsert of special writes keeps
+    the stored path)."""
     for w in tail.writes:
         if (w.ns, w.checkpoint_id) != key:
             continue
@@ -238,11 +294,78 @@ def complete(
             state[(w.task_id, w.idx)] = (w.channel, w.type, w.blob, w.task_path)
         elif w.upsert:
             state[(w.task_id, w.idx)] = (w.channel, w.type, w.blob, old[3])
-    row["pending_writes"] = [
-        [task.encode(), channel.encode(), type_.encode(), blob, path.encode(), str(idx).encode()]
-        for (task, idx), (channel, type_, blob, path) in state.items()
-    ]
-    return row
+
+
+# -- pending sends of checkpoints before format 4 ------------------------------------------
+
+
+def migrates_sends(row: Row) -> bool:
+    """Whether AsyncPostgresSaver moves the row's parent's ``__pregel_tasks`` writes
+    into its channel values: a checkpoint before format 4 that has a parent."""
+    version = row["checkpoint"].get("v")
+    return (
+        isinstance(version, int | float)
+        and not isinstance(version, bool)
+        and version < 4
+        and bool(row["parent_checkpoint_id"])
+    )
+
+
+def sends_to_assemble(chosen: Sequence[Row], tail: Tail) -> list[str]:
+    """Parents whose sends the saver assembles from stored and tail writes: those of
+    pending rows, and of stored rows whose parent has tail writes (the sends Postgres
+    returned with a stored row are then incomplete). The others came with their row."""
+    written = {w.checkpoint_id for w in tail.writes}
+    return sorted(
+        {
+            row["parent_checkpoint_id"]
+            for row in chosen
+            if migrates_sends(row)
+            and (row.get("_pending") or tail.deleted or row["parent_checkpoint_id"] in written)
+        }
+    )
+
+
+def tail_write_keys(tail: Tail, parents: Sequence[str]) -> list[tuple[str, str, str, int]]:
+    """(ns, checkpoint id, task, idx) of the tail's writes at `parents`: the stored writes
+    they may meet, whatever their channel."""
+    wanted = set(parents)
+    return sorted(
+        {
+            (w.ns, w.checkpoint_id, w.task_id, w.idx)
+            for w in tail.writes
+            if w.checkpoint_id in wanted
+        }
+    )
+
+
+def sends(
+    parent: str,
+    tail: Tail,
+    stored: Sequence[ParentWrite],
+    channel: str,
+) -> list[tuple[str, str, int, str, bytes | None]]:
+    """The `channel` (``__pregel_tasks``) writes at checkpoint id `parent`, in every
+    namespace (AsyncPostgresSaver's lookup ignores it), after the tail's writes are
+    applied on the stored ones: (task_path, task_id, idx, type, blob), unsorted.
+    `stored` holds (ns, checkpoint id, task, idx, channel, type, blob, path) rows."""
+    by_ns: dict[str, WriteState] = {}
+    if not tail.deleted:
+        for ns, cid, task, idx, ch, type_, blob, path in stored:
+            if cid == parent:
+                by_ns.setdefault(ns, {})[(task, idx)] = (ch, type_, blob, path)
+    for w in tail.writes:
+        if w.checkpoint_id == parent:
+            by_ns.setdefault(w.ns, {})
+    out: list[tuple[str, str, int, str, bytes | None]] = []
+    for ns, state in by_ns.items():
+        apply_writes(state, tail, (ns, parent))
+        out.extend(
+            (path, task, idx, type_, blob)
+            for (task, idx), (ch, type_, blob, path) in state.items()
+            if ch == channel
+        )
+    return out
 
 
 # -- jsonb containment (the metadata filter, ``metadata @> filter``) ----------------------

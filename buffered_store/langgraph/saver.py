@@ -9,6 +9,7 @@ would have written for the same calls, so an application can switch between the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import operator
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
@@ -25,13 +26,14 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, Writer
@@ -55,7 +57,7 @@ from buffered_store.errors import (
     ThreadOwnershipError,
     ValidationError,
 )
-from buffered_store.langgraph import overlay, search
+from buffered_store.langgraph import history, overlay, search
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.entry import (
     LG_FORMAT,
@@ -161,7 +163,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         # A write is acknowledged after its publish: the hot record follows in the
         # background, and reads look at the subject's last entry beside it.
         self._writer: Writer[LgEntry, LgHot, LgState] = Writer(
-            wal, config, LG_FORMAT, seed=self._seed, watermark=self._watermark, background_hot=True
+            wal, config, LG_FORMAT, seed=self._seed, background_hot=True
         )
         self._deltas = type(self.serde) is JsonPlusSerializer
         """Whether list values may be written as deltas: only with LangGraph's own
@@ -296,10 +298,6 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             raise StoreClosedError("the checkpoint saver is closed")
 
     # -- the write path ---------------------------------------------------------------
-
-    async def _watermark(self, thread_id: str) -> int:
-        """The thread's flushed seq in Postgres."""
-        return (await self.sink.flushed_seqs([thread_id]))[thread_id]
 
     async def _seed(self, thread_id: str) -> Seeded[LgHot, LgState] | None:
         try:
@@ -614,8 +612,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         # between the two reads is in neither: it was not in Postgres yet, and is no
         # longer pending.)
         threads: set[str] = set()
-        await self._writer.hot_updates.settled()  # this saver's writes are all scanned
-        for pending in await self._pending.scan():
+        for pending in await self._scan_pending():
             entries = await self._log.entries_between(
                 pending.thread_id, pending.flushed_seq, pending.record.seq, pending.record
             )
@@ -725,9 +722,8 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 return
             if self.settings.read_consistency is ReadConsistency.STRONG:
                 await self.force_flush_all()
-            where, args = self._search_where(None, filter, before)
-            for row in await self.sink.search(where, args, limit=limit):
-                yield self._to_tuple(row)
+            for found in await self._search_stored(filter, before, limit):
+                yield found
             return
         cfg: RunnableConfig = {"configurable": dict(config["configurable"])}
         cfg["configurable"]["thread_id"] = str(cfg["configurable"]["thread_id"])
@@ -794,19 +790,102 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             _, rows = await self.sink.read(
                 thread_id, where, params, limit=limit + len(tail.checkpoints)
             )
-        chosen = self._merge(rows, tail, thread_id, config, flt, before, limit)
+        order = await self._order(rows, tail, config, before)
+        chosen = self._merge(rows, tail, thread_id, config, flt, before, limit, order)
         blob_keys, write_keys = overlay.wanted(chosen, tail)
+        parents = overlay.sends_to_assemble(chosen, tail)
         if tail.deleted:
             stored_blobs: dict[overlay.BlobKey, tuple[str, bytes | None]] = {}
             stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
+            at_parents: list[overlay.ParentWrite] = []
         else:
-            stored_blobs, stored_writes = await asyncio.gather(
-                self.sink.blobs(thread_id, blob_keys), self.sink.writes(thread_id, write_keys)
+            stored_blobs, (stored_writes, stored_parents), at_parents = await asyncio.gather(
+                self.sink.blobs(thread_id, blob_keys),
+                self.sink.writes(thread_id, write_keys),
+                self.sink.parent_writes(thread_id, parents, overlay.tail_write_keys(tail, parents)),
             )
+            overlay.keep_stored_parents(chosen, stored_parents)
+            if missing := sorted(set(overlay.sends_to_assemble(chosen, tail)) - set(parents)):
+                # A checkpoint put again over a stored one with another parent (rare).
+                parents = [*parents, *missing]
+                at_parents = [
+                    *at_parents,
+                    *await self.sink.parent_writes(
+                        thread_id, missing, overlay.tail_write_keys(tail, missing)
+                    ),
+                ]
+        await self._assemble_sends(chosen, tail, parents, at_parents)
         return [
             self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
             for row in chosen
         ]
+
+    async def _search_stored(
+        self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+    ) -> list[CheckpointTuple]:
+        """``list(None, ...)`` of the rows Postgres holds, as AsyncPostgresSaver reads them."""
+        where, args = self._search_where(None, flt, before)
+        rows = await self.sink.search(where, args, limit=limit)
+        if migrating := [r for r in rows if overlay.migrates_sends(r)]:
+            # As AsyncPostgresSaver does: one lookup, in the first row's thread.
+            sends = await self.sink.pending_sends(
+                rows[0]["thread_id"], [r["parent_checkpoint_id"] for r in migrating]
+            )
+            for row in migrating:
+                row["_sends"] = sends.get(row["parent_checkpoint_id"])
+        return [self._to_tuple(row) for row in rows]
+
+    async def _search_order(
+        self,
+        found: search.Found,
+        chains: Mapping[str, Sequence[LgEntry]],
+        before: RunnableConfig | None,
+    ) -> overlay.Order:
+        """The database's order of the ids a search merges: code points, or (under
+        another collation) the ranks Postgres gives them, in one more round trip."""
+        if await self.sink.collation():
+            return overlay.CODE_POINT
+        ids = [r["checkpoint_id"] for r in found.other_rows]
+        ids += [r["checkpoint_id"] for rows in found.pending_rows.values() for r in rows]
+        ids += [
+            op.checkpoint_id
+            for c in chains.values()
+            for e in c
+            for op in e.ops
+            if isinstance(op, Put)
+        ]
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            ids.append(before_id)
+        return overlay.Order(await self.sink.collation_ranks(ids))
+
+    async def _scan_pending(self) -> list[PendingThread[LgHot]]:
+        """The pending threads: the KV scan, with this saver's own threads whose hot
+        records are still being advanced in the background, or whose update failed
+        (`hot_behind`), taken at their latest (the wait for those updates is bounded:
+        with the KV down they would never land)."""
+        updates = self._writer.hot_updates
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.request_timeout_s):
+                await updates.settled()
+        pending = {p.thread_id: p for p in await self._pending.scan()}
+        local: dict[str, LgHot] = {}
+        behind = {t for t in self._writer.cursors.threads() if self._cursor_behind(t)}
+        for thread_id in updates.unsettled() | behind:
+            cursor = self._writer.cursors.get(thread_id)
+            known = pending.get(thread_id)
+            hot = cursor.hot if cursor is not None else None
+            if hot is not None and (known is None or hot.seq > known.record.seq):
+                local[thread_id] = hot
+        if local:
+            flushed = await self.sink.flushed_seqs(list(local))
+            for thread_id, record in local.items():
+                if record.seq > flushed[thread_id]:
+                    pending[thread_id] = PendingThread(thread_id, record, flushed[thread_id])
+        return [pending[t] for t in sorted(pending)]
+
+    def _cursor_behind(self, thread_id: str) -> bool:
+        cursor = self._writer.cursors.get(thread_id)
+        return cursor is not None and cursor.hot_behind
 
     async def _search(
         self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
@@ -816,7 +895,6 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         gets), one statement for every thread's rows and one round for the stored blobs
         and writes of the pending checkpoints."""
         where, params = self._search_where(None, flt, before)
-        await self._writer.hot_updates.settled()  # this saver's writes are all scanned
         gate = asyncio.Semaphore(SEARCH_FETCHES)
 
         async def chain(p: PendingThread[LgHot]) -> list[LgEntry]:
@@ -826,7 +904,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 )
 
         for _ in range(MAX_READ_ATTEMPTS):
-            pending = await self._pending.scan()
+            pending = await self._scan_pending()
             found = await asyncio.gather(*(chain(p) for p in pending))
             chains = {p.thread_id: chain for p, chain in zip(pending, found, strict=True)}
             logical = [t for t, chain in chains.items() if not all(e.simple for e in chain)]
@@ -849,11 +927,22 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             before_id=get_checkpoint_id(before) if before else None,
             metadata_filter=flt,
             limit=limit,
+            order=await self._search_order(rows, chains, before),
         )
+        if any(overlay.migrates_sends(c.row) for c in chosen):
+            # A checkpoint before format 4 takes its parent's pending sends, which
+            # AsyncPostgresSaver looks up in the first row's thread alone: such old
+            # checkpoints are answered as it answers them, once everything is flushed.
+            for thread_id in chains:
+                await self.force_flush(thread_id)
+            return await self._search_stored(flt, before, limit)
         blob_keys, write_keys = search.wanted(chosen)
-        blobs, writes = await asyncio.gather(
+        blobs, (writes, parents) = await asyncio.gather(
             search.read_blobs(self.sink, blob_keys), search.read_writes(self.sink, write_keys)
         )
+        for c in chosen:
+            if c.tail is not None:
+                overlay.keep_stored_parents([c.row], parents.get(c.thread_id, {}))
         self._stats["overlay_reads" if chains else "db_reads"] += 1
         return [
             self._to_tuple(
@@ -865,6 +954,135 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             )
             for c in chosen
         ]
+
+    async def _order(
+        self,
+        rows: list[dict[str, Any]],
+        tail: overlay.Tail,
+        config: RunnableConfig,
+        before: RunnableConfig | None,
+    ) -> overlay.Order:
+        """The database's order of the ids a merge compares: the stored rows' own order
+        when no unflushed checkpoint takes part (Postgres sorted them), else code
+        points, or (under another collation) the ranks Postgres gives them, in one
+        round trip."""
+        found = overlay.candidates(
+            tail,
+            ns=config["configurable"].get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config),
+        )
+        if not found:
+            return overlay.Order({r["checkpoint_id"]: -i for i, r in enumerate(rows)})
+        if await self.sink.collation():
+            return overlay.CODE_POINT
+        ids = [key[1] for key in found] + [r["checkpoint_id"] for r in rows]
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            ids.append(before_id)
+        return overlay.Order(await self.sink.collation_ranks(ids))
+
+    async def _assemble_sends(
+        self,
+        chosen: list[dict[str, Any]],
+        tail: overlay.Tail,
+        parents: Sequence[str],
+        stored: Sequence[overlay.ParentWrite],
+        *,
+        ask_db: bool = True,
+    ) -> None:
+        """Set the pending sends (``_sends``) of the rows whose parent's sends were not
+        read with them: the parents' ``__pregel_tasks`` writes, stored and unflushed,
+        in the database's order of (task_path, task_id, idx) (by code point without
+        `ask_db`: the caller checked that the collation allows it)."""
+        if not parents:
+            return
+        groups = {p: overlay.sends(p, tail, stored, TASKS) for p in parents}
+        order = overlay.CODE_POINT
+        if ask_db and any(len(g) > 1 for g in groups.values()) and not await self.sink.collation():
+            texts = [text for g in groups.values() for w in g for text in w[:2]]
+            order = overlay.Order(await self.sink.collation_ranks(texts))
+        for group in groups.values():
+            group.sort(key=lambda w: (order.key(w[0]), order.key(w[1]), w[2]))
+        for row in chosen:
+            parent = row["parent_checkpoint_id"]
+            if parent in groups and overlay.migrates_sends(row):
+                row["_sends"] = [(w[3].encode(), w[4]) for w in groups[parent]]
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """AsyncPostgresSaver's delta-channel history (the same walk, chains, seeds and
+        write order) over the unflushed tail and Postgres: one statement walks the
+        parents, one round trip reads the writes and seeds (see `langgraph.history`).
+        While Postgres is down it answers from the WAL alone, as reads do, when the WAL
+        holds the thread's whole history; otherwise it raises `DatabaseUnavailableError`."""
+        if not channels:
+            return {}
+        self._check_open()
+        names = list(channels)
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        ns = configurable.get("checkpoint_ns", "")
+        target = get_checkpoint_id(config) or None
+        try:
+            tail = await self._pending_tail(thread_id)
+            rows = await self.sink.history_walk(
+                history.walk_sql(len(names), named=target is not None),
+                history.walk_params(thread_id, ns, target, names, tail),
+            )
+            found = history.walk(rows, names)
+            pairs, touched, blob_keys = history.wanted(found, ns, tail)
+            stored_writes, stored_blobs = await asyncio.gather(
+                self.sink.history_writes(thread_id, ns, pairs, touched),
+                self.sink.blobs(thread_id, blob_keys),
+            )
+        except DatabaseUnavailableError as exc:
+            whole = await self._whole_tail(thread_id, exc)
+            if whole is None:
+                return {ch: {"writes": []} for ch in names}
+            if self.sink.code_point_order is False and len(whole.checkpoints) > 1:
+                raise  # only the database can order the ids (see docs/how-to/langgraph.md)
+            tail, stored_writes, stored_blobs = whole, [], {}
+            found = history.walk(history.tail_walk(tail, ns, target, names), names)
+            if any((ns, ch, v) in tail.deltas for ch, v in found.seed_versions.items() if v):
+                raise  # a seed is a delta on a blob only Postgres holds
+        return self._build_delta_channels_writes_history(
+            channels=names,
+            chain_by_ch=found.chains,
+            seed_ver_by_ch=found.seed_versions,
+            seed_inline_by_ch=found.seed_inline,
+            stage2_rows=cast(
+                Any, history.stage2_rows(found, ns, tail, stored_writes, stored_blobs)
+            ),
+        )
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self._sync(self.aget_delta_channel_history(config=config, channels=channels))
+
+    async def _pending_tail(self, thread_id: str) -> overlay.Tail | None:
+        """The thread's unflushed tail as ``read_consistency`` sees it (None: nothing
+        to lay over Postgres). A pending logical operation is flushed first, as for
+        `_read`."""
+        consistency = self.settings.read_consistency
+        if consistency is ReadConsistency.STRONG:
+            await self.force_flush(thread_id)
+        if consistency is not ReadConsistency.READ_YOUR_WRITES:
+            return None
+        for _ in range(MAX_READ_ATTEMPTS):
+            (hot, upto), marks = await asyncio.gather(
+                self._log.latest(thread_id), self.sink.flushed_seqs([thread_id])
+            )
+            flushed = marks[thread_id]
+            if upto <= flushed:
+                return None
+            record = hot.record if hot is not None else None
+            if record is None or record.logical_seq <= flushed:
+                entries = await self._log.entries_between(thread_id, flushed, upto, record)
+                if all(e.simple for e in entries):
+                    return overlay.fold(entries)
+            await self.force_flush(thread_id)
+        raise StoreError(f"thread {thread_id!r} kept changing while being read")
 
     async def _read_without_db(
         self,
@@ -887,10 +1105,38 @@ class BufferedCheckpointSaver(BasePostgresSaver):
           starts at seq 1, or with a jump made while Postgres was down) and none of them
           is a logical operation (runs, prune, copy): they are folded on nothing.
         """
-        hot, upto = await self._log.latest(thread_id)
-        if upto == 0:
+        tail = await self._whole_tail(thread_id, error)
+        if tail is None:
             self._stats["wal_only_reads"] += 1
             return []
+        found = overlay.candidates(
+            tail,
+            ns=config["configurable"].get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config),
+        )
+        if len(found) > 1 and self.sink.code_point_order is False:
+            raise error  # only the database can order them (see docs/how-to/langgraph.md)
+        chosen = self._merge([], tail, thread_id, config, flt, before, limit)
+        if overlay.needs_stored_bases(chosen, tail):
+            raise error  # a value is a delta on a blob only Postgres holds
+        parents = overlay.sends_to_assemble(chosen, tail)
+        if self.sink.code_point_order is False and any(
+            len(overlay.sends(p, tail, [], TASKS)) > 1 for p in parents
+        ):
+            raise error
+        await self._assemble_sends(chosen, tail, parents, [], ask_db=False)
+        self._stats["wal_only_reads"] += 1
+        return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
+
+    async def _whole_tail(
+        self, thread_id: str, error: DatabaseUnavailableError
+    ) -> overlay.Tail | None:
+        """The thread's whole history from the WAL alone (see `_read_without_db`); None
+        when the WAL never saw the thread; `error` raised when Postgres holds part of
+        it."""
+        hot, upto = await self._log.latest(thread_id)
+        if upto == 0:
+            return None
         record = hot.record if hot is not None else None
         try:
             entries = await self._log.entries_between(thread_id, 0, upto, record)
@@ -903,12 +1149,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             or (record is not None and record.chain_from > entries[0].seq)
         ):
             raise error
-        tail = overlay.fold(entries)
-        chosen = self._merge([], tail, thread_id, config, flt, before, limit)
-        if overlay.needs_stored_bases(chosen, tail):
-            raise error  # a value is a delta on a blob only Postgres holds
-        self._stats["wal_only_reads"] += 1
-        return [self._to_tuple(overlay.complete(row, tail, {}, {})) for row in chosen]
+        return overlay.fold(entries)
 
     @staticmethod
     def _merge(
@@ -919,6 +1160,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         flt: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
+        order: overlay.Order = overlay.CODE_POINT,
     ) -> list[dict[str, Any]]:
         """`overlay.merge` with the read's selection taken from its arguments."""
         return overlay.merge(
@@ -930,10 +1172,16 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             before_id=get_checkpoint_id(before) if before else None,
             metadata_filter=flt,
             limit=limit,
+            order=order,
         )
 
     def _to_tuple(self, value: dict[str, Any]) -> CheckpointTuple:
         parent = value["parent_checkpoint_id"]
+        if sends := value.get("_sends"):
+            # A checkpoint before format 4: its parent's pending sends become a channel.
+            if value["channel_values"] is None:
+                value["channel_values"] = []
+            self._migrate_pending_sends(sends, value["checkpoint"], value["channel_values"])
         # The stored checkpoint JSON is a Checkpoint with its blob values taken out.
         checkpoint = cast(
             Checkpoint,

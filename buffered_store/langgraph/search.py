@@ -13,7 +13,7 @@ Query building and merging are pure; `read_rows` and `read_parts` only execute.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,11 +106,11 @@ def merge(
     before_id: str | None,
     metadata_filter: Mapping[str, Any] | None,
     limit: int | None,
-    id_key: Callable[[str], Any] = str,
+    order: overlay.Order = overlay.CODE_POINT,
 ) -> list[Chosen]:
-    """The answer's rows, newest first by `id_key` of their checkpoint ids (how the
-    database orders them): each pending thread's entries above its watermark folded on
-    its rows (`overlay.merge`), and the other threads' rows."""
+    """The answer's rows, newest first in the database's `order` of checkpoint ids: each
+    pending thread's entries above its watermark folded on its rows (`overlay.merge`),
+    and the other threads' rows."""
     chosen: list[Chosen] = [Chosen(r["thread_id"], r, None) for r in found.other_rows]
     for thread_id, chain in chains.items():
         flushed = found.flushed.get(thread_id, 0)
@@ -124,9 +124,10 @@ def merge(
             before_id=before_id,
             metadata_filter=metadata_filter,
             limit=limit,
+            order=order,
         ):
             chosen.append(Chosen(thread_id, row, tail))
-    chosen.sort(key=lambda c: id_key(c.row["checkpoint_id"]), reverse=True)
+    chosen.sort(key=lambda c: order.key(c.row["checkpoint_id"]), reverse=True)
     return chosen if limit is None else chosen[:limit]
 
 
@@ -174,6 +175,11 @@ WRITES_SQL = (
     "JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, checkpoint_ns, "
     "checkpoint_id) USING (thread_id, checkpoint_ns, checkpoint_id)"
 )
+PARENTS_SQL = (
+    "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id "
+    "FROM checkpoints c JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, "
+    "checkpoint_ns, checkpoint_id) USING (thread_id, checkpoint_ns, checkpoint_id)"
+)
 
 
 async def read_blobs(
@@ -195,15 +201,30 @@ async def read_blobs(
 
 async def read_writes(
     sink: LangGraphSink, keys: Sequence[tuple[str, str, str]]
-) -> dict[str, dict[overlay.WriteKey, list[overlay.StoredWrite]]]:
-    """thread -> (ns, checkpoint id) -> its stored writes, for every thread at once."""
-    out: dict[str, dict[overlay.WriteKey, list[overlay.StoredWrite]]] = {}
+) -> tuple[
+    dict[str, dict[overlay.WriteKey, list[overlay.StoredWrite]]],
+    dict[str, dict[overlay.WriteKey, str | None]],
+]:
+    """For the checkpoints (thread, ns, id) of unflushed puts, every thread at once, in one
+    round trip: thread -> (ns, id) -> their stored writes, and thread -> (ns, id) -> the
+    parents of those already stored (a put again keeps its first parent)."""
+    writes: dict[str, dict[overlay.WriteKey, list[overlay.StoredWrite]]] = {}
+    parents: dict[str, dict[overlay.WriteKey, str | None]] = {}
     if not keys:
-        return out
-    async with sink.connection("list writes") as conn, conn.cursor(binary=True) as cur:
-        await cur.execute(WRITES_SQL, [list(col) for col in zip(*keys, strict=True)])
-        for r in await cur.fetchall():
-            out.setdefault(r["thread_id"], {}).setdefault(
+        return writes, parents
+    args = [list(col) for col in zip(*keys, strict=True)]
+    async with sink.connection("list writes") as conn:
+        async with conn.pipeline():
+            found = conn.cursor(binary=True)
+            await found.execute(WRITES_SQL, args)
+            stored = conn.cursor(binary=True)
+            await stored.execute(PARENTS_SQL, args)
+        for r in await found.fetchall():
+            writes.setdefault(r["thread_id"], {}).setdefault(
                 (r["checkpoint_ns"], r["checkpoint_id"]), []
             ).append((r["task_id"], r["idx"], r["channel"], r["type"], r["blob"], r["task_path"]))
-    return out
+        for r in await stored.fetchall():
+            parents.setdefault(r["thread_id"], {})[(r["checkpoint_ns"], r["checkpoint_id"])] = r[
+                "parent_checkpoint_id"
+            ]
+    return writes, parents
