@@ -218,6 +218,11 @@ class CursorCache(Generic[H, S]):
         """Threads with a cursor."""
         return list(self._items)
 
+    def behind(self) -> dict[str, Cursor[H, S]]:
+        """The cursors whose entry the KV hot record does not show yet (its update queued,
+        in flight or failed), by thread; the LRU order is left as it is."""
+        return {t: c for t, c in self._items.items() if c.hot_behind}
+
 
 class ThreadLocks:
     """One lock per thread id, created on demand and dropped when nobody holds it.
@@ -705,10 +710,6 @@ class HotUpdates(Generic[H, S]):
     def pending(self, thread_id: str) -> bool:
         """Whether an update of the thread's hot record is queued or in flight."""
         return thread_id in self._running
-
-    def unsettled(self) -> set[str]:
-        """Threads whose hot-record update is queued or in flight."""
-        return set(self._latest) | set(self._running)
 
     async def settled(self) -> None:
         """Return once every update submitted so far is written (or has failed for good:

@@ -376,9 +376,7 @@ async def _repair_mark(log_: ThreadLog[E, H], thread_id: str, flushed: int, hot:
     """
     stream_seq = dict(hot.recent).get(flushed) or (hot.stream_seq if hot.seq == flushed else 0)
     if stream_seq:
-        mark = await log_.mark(thread_id)
-        if mark is None or mark.seq < flushed:
-            await log_.raise_mark(thread_id, flushed, stream_seq)
+        await log_.raise_mark(thread_id, flushed, stream_seq)  # never lowers it
 
 
 async def force_flush(

@@ -869,23 +869,16 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 await updates.settled()
         pending = {p.thread_id: p for p in await self._pending.scan()}
         local: dict[str, LgHot] = {}
-        behind = {t for t in self._writer.cursors.threads() if self._cursor_behind(t)}
-        for thread_id in updates.unsettled() | behind:
-            cursor = self._writer.cursors.get(thread_id)
+        for thread_id, cursor in self._writer.cursors.behind().items():
             known = pending.get(thread_id)
-            hot = cursor.hot if cursor is not None else None
-            if hot is not None and (known is None or hot.seq > known.record.seq):
-                local[thread_id] = hot
+            if cursor.hot is not None and (known is None or cursor.hot.seq > known.record.seq):
+                local[thread_id] = cursor.hot
         if local:
             flushed = await self.sink.flushed_seqs(list(local))
             for thread_id, record in local.items():
                 if record.seq > flushed[thread_id]:
                     pending[thread_id] = PendingThread(thread_id, record, flushed[thread_id])
         return [pending[t] for t in sorted(pending)]
-
-    def _cursor_behind(self, thread_id: str) -> bool:
-        cursor = self._writer.cursors.get(thread_id)
-        return cursor is not None and cursor.hot_behind
 
     async def _search(
         self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
