@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from buffered_store.backoff import backoff_s
 from buffered_store.cli.common import (
     langgraph_config,
     nats_access,
@@ -33,7 +34,6 @@ from buffered_store.errors import BackendUnavailableError
 from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
-from flusher.policy import backoff_s
 from flusher.quarantine import (
     BulkReplay,
     QuarantineKind,

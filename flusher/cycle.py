@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
-from tenacity.wait import wait_exponential_jitter
-
+from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, FlushSink
 from buffered_store.engine.ports import Delivered
@@ -29,7 +27,6 @@ from flusher.faults import maybe_crash
 from flusher.held import Held, Settler, ThreadWork
 from flusher.poison import Poison
 from flusher.policy import (
-    Backoff,
     Isolation,
     Settle,
     Step,
@@ -145,21 +142,19 @@ class CycleRunner:
         """`target.apply`, retried with capped exponential back-off for as long as the
         database is unavailable (cancelled by `stop`); one WARNING per outage, one INFO
         when it ends."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(DatabaseUnavailableError),
-            wait=wait_exponential_jitter(
-                multiplier=self.config.db_retry_initial_s,
-                max=self.config.db_retry_max_s,
-                jitter=self.config.db_retry_initial_s,
-            ),
-            before_sleep=self._db_retrying,
-            reraise=True,
+        backoff = Backoff(
+            self.config.db_retry_initial_s,
+            self.config.db_retry_max_s,
+            jitter_s=self.config.db_retry_initial_s,
         )
-        outcomes: list[ApplyOutcome] = []
-        async for attempt in retrying:
-            with attempt:
-                self.stats.transactions += 1
+        while True:
+            self.stats.transactions += 1
+            try:
                 outcomes = await self.target.apply(batches)
+                break
+            except DatabaseUnavailableError as exc:
+                self._db_retrying(exc)
+                await asyncio.sleep(backoff.next_delay())
         maybe_crash("after_commit")
         if self._db_down:
             self._db_down = False
@@ -168,12 +163,11 @@ class CycleRunner:
             raise StoreError(f"apply returned {len(outcomes)} outcomes for {len(batches)} batches")
         return outcomes
 
-    def _db_retrying(self, state: RetryCallState) -> None:
+    def _db_retrying(self, error: DatabaseUnavailableError) -> None:
         self.stats.db_retries += 1
         if not self._db_down:
             self._db_down = True
             self.stats.db_retry_episodes += 1
-            error = state.outcome.exception() if state.outcome else None
             log.warning(
                 "database unavailable, retrying with back-off: %s",
                 error,

@@ -11,11 +11,12 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry
 from buffered_store.errors import StoreError
 from flusher.config import FlusherConfig
 from flusher.held import Held, Settler, ThreadWork
-from flusher.policy import Backoff, Settle, Undecodable, undecodable_action
+from flusher.policy import Settle, Undecodable, undecodable_action
 from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord, undecodable_record
 from flusher.stats import FlusherStats
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry, Format
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import thread_from_subject
@@ -71,12 +72,6 @@ def undecodable_action(*, recorded: bool, num_delivered: int, poison_attempts: i
     return Settle.NAK
 
 
-def backoff_s(attempt: int, *, initial_s: float, max_s: float) -> float:
-    """Exponential back-off: `initial_s` for attempt 1 (and below), doubling, capped."""
-    exponent = max(0, min(attempt, 64) - 1)
-    return float(min(max_s, initial_s * (2**exponent)))
-
-
 class Step(StrEnum):
     """What remains to do for a thread after one apply round."""
 
@@ -113,18 +108,6 @@ class ThreadPlan:
     fetch_upto: int = 0
     delay_s: float = 0.0
     reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Parameters of the redelivery delays."""
-
-    initial_s: float
-    max_s: float
-
-    def delay(self, attempt: int) -> float:
-        """Delay before attempt `attempt + 1`."""
-        return backoff_s(attempt, initial_s=self.initial_s, max_s=self.max_s)
 
 
 def plan_outcome(

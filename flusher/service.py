@@ -19,6 +19,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from buffered_store.backoff import backoff_s
 from buffered_store.config import EngineConfig
 from buffered_store.engine.entries import Format
 from buffered_store.engine.flushing import FlushSink
@@ -37,7 +38,7 @@ from flusher.cycle import CycleRunner
 from flusher.frontends import confirm_front_end
 from flusher.held import Held, Settler
 from flusher.intake import Intake
-from flusher.policy import Settle, backoff_s
+from flusher.policy import Settle
 from flusher.quarantine import Quarantine
 from flusher.stats import FlusherStats
 from flusher.trim import Trimmer

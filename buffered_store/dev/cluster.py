@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from buffered_store.backoff import Backoff
 from buffered_store.dev.services import (
     LOCALHOST,
     DevServiceError,
@@ -252,7 +253,7 @@ class NatsCluster(ServerContext):
 
     def _wait_ready(self, node: ClusterNode, log_offset: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        delay = 0.005
+        retry = Backoff(0.005, 0.1)
         while not node.ready():
             if node.proc is None or node.proc.poll() is not None:
                 code = node.proc.returncode if node.proc is not None else None
@@ -268,8 +269,7 @@ class NatsCluster(ServerContext):
                     f"leader) after {self.startup_timeout:.0f}s\n--- log tail ---\n"
                     + tail_text(node.log_path, offset=log_offset)
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            time.sleep(retry.next_delay())
 
     def kill_node(self, index: int) -> None:
         """SIGKILL one node (no flush, no leadership hand-over) and reap it."""
@@ -371,12 +371,11 @@ class NatsCluster(ServerContext):
     def wait_stream_leader(self, stream: str, *, timeout: float = 30.0) -> int:
         """Index of the node leading ``stream``, waiting for an election to finish."""
         deadline = time.monotonic() + timeout
-        delay = 0.01
+        retry = Backoff(0.01, 0.2)
         while (leader := self.stream_leader(stream)) is None:
             if time.monotonic() > deadline:
                 raise DevServiceError(f"stream {stream!r} has no leader after {timeout:.0f}s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            time.sleep(retry.next_delay())
         return leader
 
     def follower_of(self, stream: str, *, timeout: float = 30.0) -> int:

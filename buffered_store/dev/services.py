@@ -48,6 +48,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 from urllib.parse import quote, urlencode
 
+from buffered_store.backoff import Backoff
 from buffered_store.stores.urls import (
     DEFAULT_DATABASE,
     jdbc_url_from_url,
@@ -696,7 +697,7 @@ class NatsServer(ServerContext):
             )
         deadline = time.monotonic() + self.startup_timeout
         health = f"{self.monitor_url}/healthz?js-enabled-only=true" if self.monitor_url else None
-        delay = 0.002
+        retry = Backoff(0.002, 0.05)
         while True:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
@@ -715,8 +716,7 @@ class NatsServer(ServerContext):
                     f"{self.startup_timeout:.0f}s; cmd: {shlex.join(cmd)}\n--- log tail ---\n"
                     + tail_text(self.log_path, offset=log_offset)
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            time.sleep(retry.next_delay())
         say(f"nats-server ready on {self.url} (pid {self._proc.pid}) in {ms_since(t0)}")
 
     def _kill_proc(self) -> None:

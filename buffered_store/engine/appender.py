@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
+from buffered_store.backoff import Backoff
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.entries import E, Format, H, follows
 from buffered_store.engine.ids import check_aware, utcnow
@@ -560,7 +561,7 @@ class Writer(Generic[E, H, S]):
         attempt: AppendAttempt,
     ) -> int:
         subject = self.subject(thread_id)
-        delay = 0.05
+        retry = Backoff(0.05, 1.0)
         while True:
             resent = attempt.sent
             attempt.sent = True
@@ -590,8 +591,9 @@ class Writer(Generic[E, H, S]):
                 attempt.sent = False
                 raise
             except WalUnavailableError:
-                await asyncio.sleep(delay)  # the checkpoint's timeout bounds these retries
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(
+                    retry.next_delay()
+                )  # the checkpoint's timeout bounds these retries
                 continue
             if duplicate:
                 stored = await self.wal.get(stream_seq)
@@ -604,18 +606,17 @@ class Writer(Generic[E, H, S]):
         """The first message on `subject` after `stream_seq`, retried while the WAL is
         unreachable (the checkpoint's timeout bounds it): the answer decides between
         "stored" and "not stored", which a caller must not be told wrongly."""
-        delay = 0.05
+        retry = Backoff(0.05, 1.0)
         while True:
             try:
                 return await self.wal.next_on(subject, stream_seq + 1)
             except WalUnavailableError:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(retry.next_delay())
 
     async def advance_hot(self, thread_id: str, record: H, revision: int | None) -> int:
         """CAS the hot record forward; never moves it back. Returns the new revision."""
         key = hot_key(thread_id)
-        delay = 0.02
+        retry = Backoff(0.02, 1.0)
         while True:
             try:
                 data = self.fmt.encode_hot(record, limit=self.max_entry_bytes)
@@ -629,8 +630,7 @@ class Writer(Generic[E, H, S]):
                     record = self._merge_recent(record, stored)
                 revision = current.revision if current else None
             except WalUnavailableError:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(retry.next_delay())
 
     def record_written(
         self,

@@ -7,13 +7,12 @@ printing an error per attempt, for a server that was down, a wrong password or a
 certificate it does not trust. `connection.open_client` instead makes single attempts
 and asks this module between them: a refused login or TLS handshake fails at once (the
 same attempt will be refused again), anything else is tried again with a growing wait
-until `ConnectBackoff`'s deadline.
+until the budget of its `buffered_store.backoff.Backoff` runs out.
 """
 
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass, field
 from enum import StrEnum
 
 import nats.errors
@@ -63,37 +62,3 @@ def describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = text.removeprefix("nats: ").strip("'")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@dataclass(slots=True)
-class ConnectBackoff:
-    """Waits between attempts of the first connection, all within `budget_s`.
-
-    The deadline is set by the first call of `left` or `next_wait` (given ``now``, a
-    monotonic time in seconds: nothing here reads a clock). Waits double from
-    `initial_s` up to `max_s` and never reach past the deadline.
-    """
-
-    budget_s: float
-    initial_s: float = 0.05
-    max_s: float = 1.0
-    attempts: int = 0
-    """Attempts that failed so far (counted by `next_wait`)."""
-    _deadline: float | None = field(default=None, repr=False)
-    _delay: float = field(default=0.0, repr=False)
-
-    def left(self, now: float) -> float:
-        """Seconds left until the deadline (never negative)."""
-        if self._deadline is None:
-            self._deadline = now + self.budget_s
-        return max(0.0, self._deadline - now)
-
-    def next_wait(self, now: float) -> float | None:
-        """After a failed attempt: how long to wait before the next one, or None to give
-        up (the wait would end at or past the deadline)."""
-        left = self.left(now)
-        self.attempts += 1
-        self._delay = self.initial_s if self._delay == 0.0 else min(2 * self._delay, self.max_s)
-        if self._delay >= left:
-            return None
-        return self._delay

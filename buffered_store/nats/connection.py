@@ -20,10 +20,11 @@ from typing import Any, Literal
 import nats.errors
 from nats.aio.client import Client, RawCredentials
 
+from buffered_store.backoff import Backoff
 from buffered_store.config import EngineConfig
 from buffered_store.errors import ConfigError, WalAccessDeniedError, WalUnavailableError
 from buffered_store.masking import mask_credentials, mask_url
-from buffered_store.nats.connect_policy import ConnectBackoff, Failure, classify, describe
+from buffered_store.nats.connect_policy import Failure, classify, describe
 
 log = logging.getLogger("buffered_store.nats.wal")
 
@@ -133,7 +134,7 @@ async def open_client(
     """
     budget_s = config.connect_timeout_s if timeout_s is None else timeout_s
     shown = mask_url(config.nats_url)
-    backoff = ConnectBackoff(budget_s)
+    backoff = Backoff(initial_s=0.05, max_s=1.0, budget_s=budget_s)
     loop = asyncio.get_running_loop()
     events = ConnectionLog(config.nats_url, quiet=reconnect == "probe")
     options = _options(config, name, events)

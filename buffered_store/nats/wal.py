@@ -38,6 +38,7 @@ from nats.js.api import (
 from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.kv import KeyValue
 
+from buffered_store.backoff import Backoff
 from buffered_store.config import EngineConfig
 from buffered_store.engine.frontend import FRONT_END_KEY, stream_metadata, tag_of, wrong_front_end
 from buffered_store.engine.keys import stream_subjects
@@ -84,18 +85,17 @@ async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: floa
     leader: a short wait turns those moments into a slower call instead of a failure.
     """
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + budget_s
-    wait = NO_RESPONDERS_FIRST_WAIT_S
-    left = budget_s
+    retry = Backoff(NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S, budget_s=budget_s)
+    left = retry.left(loop.time())
     while True:
         try:
             return await send(left)
         except nats.errors.NoRespondersError:
-            if loop.time() + wait >= give_up:
+            wait = retry.next_wait(loop.time())
+            if wait is None:
                 raise
         await asyncio.sleep(wait)
-        wait = min(2 * wait, NO_RESPONDERS_MAX_WAIT_S)
-        left = max(give_up - loop.time(), NO_RESPONDERS_FIRST_WAIT_S)
+        left = max(retry.left(loop.time()), NO_RESPONDERS_FIRST_WAIT_S)
 
 
 def may_appear(subject: str) -> bool:

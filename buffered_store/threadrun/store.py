@@ -17,6 +17,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from buffered_store.backoff import Backoff
 from buffered_store.config import BufferedStoreConfig, ReadConsistency
 from buffered_store.engine.appender import Cursor, Seeded, ThreadLocks, Writer
 from buffered_store.engine.flushing import FlushStatus
@@ -379,7 +380,7 @@ class BufferedThreadRunStore:
         cursor = await self._writer.cursor(thread_id)
         if run_id in cursor.claims:
             return
-        delay = 0.05
+        retry = Backoff(0.05, 1.0)
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -387,8 +388,7 @@ class BufferedThreadRunStore:
                         if await self._try_claim(thread_id, run_id, cursor.seq):
                             break
                     except WalUnavailableError:
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, 1.0)
+                        await asyncio.sleep(retry.next_delay())
         except TimeoutError as exc:
             raise WalUnavailableError(
                 f"checkpoint of thread {thread_id!r}: could not claim run {run_id!r} in time"

@@ -1,4 +1,4 @@
-"""The first NATS connection: which failures are retried, for how long, and what the
+"""The first NATS connection: which failures are retried, and what the
 log says once connected (one line per change of state, not per attempt)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from buffered_store.config import EngineConfig
 from buffered_store.errors import ConfigError
-from buffered_store.nats.connect_policy import ConnectBackoff, Failure, classify, describe
+from buffered_store.nats.connect_policy import Failure, classify, describe
 from buffered_store.nats.connection import ConnectionLog, tls_context
 
 
@@ -48,23 +48,6 @@ def test_describe_names_the_tls_reason_and_the_server_refusal() -> None:
     assert describe(nats.errors.Error("nats: 'Authorization Violation'")) == (
         "Error: Authorization Violation"
     )
-
-
-def test_backoff_doubles_and_never_passes_the_deadline() -> None:
-    backoff = ConnectBackoff(1.0, initial_s=0.1, max_s=0.3)
-    assert backoff.left(100.0) == 1.0
-    assert backoff.next_wait(100.0) == 0.1
-    assert backoff.next_wait(100.2) == 0.2
-    assert backoff.next_wait(100.5) == 0.3
-    assert backoff.next_wait(100.6) == 0.3  # capped
-    assert backoff.next_wait(100.8) is None  # 0.3 more would pass the deadline
-    assert backoff.attempts == 5
-    assert backoff.left(101.5) == 0.0
-
-
-def test_backoff_gives_up_at_once_with_no_budget_left() -> None:
-    backoff = ConnectBackoff(0.01, initial_s=0.05)
-    assert backoff.next_wait(0.0) is None
 
 
 class FakeClient:

@@ -1,4 +1,4 @@
-"""`flusher.policy`: classification, back-off, outcome plans and culprit isolation."""
+"""`flusher.policy`: classification, outcome plans and culprit isolation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import wal_subject
@@ -14,13 +15,11 @@ from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
 from flusher.policy import (
-    Backoff,
     HeldSeq,
     Isolation,
     Settle,
     Step,
     Undecodable,
-    backoff_s,
     classify,
     plan_outcome,
     undecodable_action,
@@ -102,19 +101,6 @@ def test_undecodable_is_terminated_once_recorded_or_after_bounded_deliveries(
 ) -> None:
     action = undecodable_action(recorded=recorded, num_delivered=delivered, poison_attempts=5)
     assert action is expected
-
-
-def test_backoff_doubles_and_is_capped() -> None:
-    assert [backoff_s(n, initial_s=0.1, max_s=1.0) for n in range(0, 7)] == [
-        0.1,
-        0.1,
-        0.2,
-        0.4,
-        0.8,
-        1.0,
-        1.0,
-    ]
-    assert backoff_s(10**9, initial_s=0.1, max_s=1.0) == 1.0
 
 
 # -- plans ------------------------------------------------------------------------------------
