@@ -163,3 +163,54 @@ class SchemaError(StoreError):
 
 class CorruptEntryError(StoreError):
     """A WAL payload could not be decoded into an entry."""
+
+
+class WalEntriesMissingError(StoreError):
+    """Entries of a thread are no longer in the WAL: the chain after `reached` up to
+    `upto` cannot be read back (they expired before they were flushed, or an operator
+    removed them). The thread cannot be applied in order from the stream any more.
+
+    Raised by reads of a thread's unflushed entries (`ThreadLog.entries_between`); a
+    flusher quarantines the thread, a read falls back to what the database holds.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, thread_id: str = "", reached: int = 0, upto: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.reached = reached
+        self.upto = upto
+
+
+class FlushFailedError(StoreError):
+    """The store behind the buffer refused a thread's entries (`ApplyStatus.FAILED`).
+
+    `retriable` is the refusal's own: True when the same entries may apply later (a
+    watermark not recorded, a store briefly refusing), False for data it never accepts.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, thread_id: str = "", retriable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.retriable = retriable
+
+
+class WalObjectMissingError(StoreError):
+    """A JetStream object this process needs (the stream, the durable consumer, a KV
+    bucket) does not exist: check its configured name, or let a store or a flusher
+    create it."""
+
+
+class FlusherStateError(StoreError):
+    """The flusher is not in the state the call needs."""
+
+
+class FlusherNotStartedError(FlusherStateError):
+    """The flusher is not started: call `start()` first."""
+
+
+class FlusherStartedError(FlusherStateError):
+    """The flusher was started already."""

@@ -21,7 +21,12 @@ from buffered_store.engine.entries import Entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, FlushSink
 from buffered_store.engine.ports import Delivered
 from buffered_store.engine.threadlog import ThreadLog
-from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
+from buffered_store.errors import (
+    DatabaseUnavailableError,
+    StoreError,
+    WalEntriesMissingError,
+    WalUnavailableError,
+)
 from flusher.config import FlusherConfig
 from flusher.faults import maybe_crash
 from flusher.held import Held, Settler, ThreadWork
@@ -234,7 +239,7 @@ class CycleRunner:
             )
             await self.settler.all(work.held, Settle.NAK, self.config.requeue_delay_s)
             return None
-        except StoreError as exc:
+        except WalEntriesMissingError as exc:
             # The entries are gone from the stream (expired unflushed): the thread can
             # never apply in order again; after the usual attempts it goes to quarantine.
             self.stats.apply_failures += 1

@@ -27,7 +27,14 @@ from buffered_store.engine.frontend import front_end_of
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.ports import Delivered, Wal
 from buffered_store.engine.threadlog import ThreadLog
-from buffered_store.errors import ConfigError, FlushTimeoutError, StoreError, WalUnavailableError
+from buffered_store.errors import (
+    ConfigError,
+    FlusherNotStartedError,
+    FlusherStartedError,
+    FlushTimeoutError,
+    StoreError,
+    WalUnavailableError,
+)
 from buffered_store.metrics_core import HistogramSnapshot
 from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import FORMAT
@@ -139,20 +146,20 @@ class Flusher:
     def wal(self) -> Wal:
         """The WAL connection (after `start`)."""
         if self._wal is None:
-            raise StoreError("the flusher is not started")
+            raise FlusherNotStartedError("the flusher is not started")
         return self._wal
 
     @property
     def target(self) -> FlushSink[Any]:
         """What batches are applied to (after `start`)."""
         if self._target is None:
-            raise StoreError("the flusher is not started")
+            raise FlusherNotStartedError("the flusher is not started")
         return self._target
 
     async def start(self) -> None:
         """Connect (unless given a `Wal`), bind to the durable consumer and start draining."""
         if self._task is not None:
-            raise StoreError("the flusher was started already")
+            raise FlusherStartedError("the flusher was started already")
         if self._wal is None:
             fmt = self._fmt
             self._wal = await NatsWal.connect(

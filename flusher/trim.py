@@ -45,7 +45,7 @@ from buffered_store.engine.entries import Format
 from buffered_store.engine.flushing import FlushSink
 from buffered_store.engine.keys import decode_token, wal_subject
 from buffered_store.engine.ports import ConsumerState, Wal
-from buffered_store.errors import CorruptEntryError, StoreError
+from buffered_store.errors import CorruptEntryError, ValidationError
 from flusher.config import FlusherConfig
 from flusher.stats import FlusherStats
 
@@ -195,7 +195,7 @@ class Trimmer:
             try:
                 thread_id = decode_token(value.key[2:])
                 seq = self._fmt.decode_hot(value.value).seq
-            except (CorruptEntryError, StoreError, ValueError):
+            except (CorruptEntryError, ValidationError, ValueError):
                 continue  # not ours to judge: kept
             idle[thread_id] = (value.key, value.revision, seq)
         if not idle:

@@ -27,6 +27,7 @@ from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.engine.threadlog import EntryCache, ThreadLog
 from buffered_store.errors import (
+    BackendUnavailableError,
     CommitUnknownError,
     ConflictError,
     DatabaseUnavailableError,
@@ -279,6 +280,7 @@ class Writer(Generic[E, H, S]):
         watermark: Callable[[str], Awaitable[int]] | None = None,
         clock: Callable[[], datetime] = utcnow,
         background_hot: bool = False,
+        too_large: Callable[[E, int, int], str] | None = None,
     ) -> None:
         self.wal = wal
         self.config = config
@@ -287,6 +289,8 @@ class Writer(Generic[E, H, S]):
         self._seed = seed
         self._watermark = watermark
         """The thread's flushed seq in the store behind the buffer (None: unknown)."""
+        self._too_large = too_large
+        """The front-end's message for an entry the WAL cannot take."""
         self._clock = clock
         self.cursors: CursorCache[H, S] = CursorCache(
             config.cursor_cache_threads, max_bytes=config.cursor_cache_bytes, weigh=fmt.state_bytes
@@ -305,6 +309,15 @@ class Writer(Generic[E, H, S]):
         max_payload = wal.max_payload
         # Leave room for headers and the publish envelope.
         self.max_entry_bytes = int(max_payload) - 4096
+
+    def too_large(self, entry: E, size: int) -> PayloadTooLargeError:
+        """The refusal of an entry of `size` bytes, in the front-end's words."""
+        if self._too_large is not None:
+            return PayloadTooLargeError(self._too_large(entry, size, self.max_entry_bytes))
+        return PayloadTooLargeError(
+            f"entry {entry.seq} of thread {entry.thread_id!r} is {size} bytes; the "
+            f"WAL accepts {self.max_entry_bytes}: nothing was written"
+        )
 
     def nonce(self) -> str:
         """A nonce identifying one write call (tells our publish from another writer's,
@@ -385,7 +398,7 @@ class Writer(Generic[E, H, S]):
             return
         try:
             flushed = await self._flushed_seq(thread_id)
-        except StoreError:
+        except BackendUnavailableError:
             if self.config.max_age_s is None:
                 return
             raise
@@ -476,10 +489,7 @@ class Writer(Generic[E, H, S]):
             await self.check_retained(thread_id, cursor)
             entry, payload = build(cursor)
             if len(payload) > self.max_entry_bytes:
-                raise PayloadTooLargeError(
-                    f"entry {entry.seq} of thread {thread_id!r} is {len(payload)} bytes; the "
-                    f"WAL accepts {self.max_entry_bytes}: nothing was written"
-                )
+                raise self.too_large(entry, len(payload))
             try:
                 stream_seq = await self._publish(thread_id, entry, payload, cursor, attempt)
             except ConflictError:

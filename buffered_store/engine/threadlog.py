@@ -31,8 +31,9 @@ from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.errors import (
     ConflictError,
     CorruptEntryError,
+    FlushFailedError,
     FlushTimeoutError,
-    StoreError,
+    WalEntriesMissingError,
 )
 
 log = logging.getLogger("buffered_store.engine.threadlog")
@@ -180,7 +181,7 @@ class ThreadLog(Generic[E, H]):
         Uses the entries this process appended when they make the whole chain (no
         request), else the stream seqs cached in the hot record when they cover the range
         (one round of concurrent direct gets), else walks the subject. Raises
-        `StoreError` when an entry of the chain is no longer in the stream.
+        `WalEntriesMissingError` when an entry of the chain is no longer in the stream.
         """
         if upto <= after:
             return []
@@ -197,9 +198,12 @@ class ThreadLog(Generic[E, H]):
             chain = chain_after(found.values(), after)
         if not chain or chain[-1].seq != upto:
             reached = chain[-1].seq if chain else after
-            raise StoreError(
+            raise WalEntriesMissingError(
                 f"thread {thread_id!r}: the entries after seq {reached} up to {upto} are not "
-                "in the WAL (expired before they were flushed?)"
+                "in the WAL (expired before they were flushed?)",
+                thread_id=thread_id,
+                reached=reached,
+                upto=upto,
             )
         return chain
 
@@ -361,7 +365,11 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
         if outcome.status is ApplyStatus.FAILED:
-            raise StoreError(f"flushing thread {thread_id!r} failed: {outcome.error}")
+            raise FlushFailedError(
+                f"flushing thread {thread_id!r} failed: {outcome.error}",
+                thread_id=thread_id,
+                retriable=outcome.retriable,
+            )
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
 

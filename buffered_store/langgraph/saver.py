@@ -36,26 +36,23 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import TASKS, _DeltaSnapshot
 
 from buffered_store.config import ReadConsistency
-from buffered_store.engine.appender import Cursor, Seeded, Writer
+from buffered_store.engine.appender import Cursor, Seeded
+from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow
-from buffered_store.engine.pending import PendingIndex, PendingThread
+from buffered_store.engine.pending import PendingThread
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import (
     FlushProgress,
-    flush_thread,
-    force_flush,
-    force_flush_all,
 )
 from buffered_store.errors import (
+    ConflictError,
     DatabaseUnavailableError,
-    FlushTimeoutError,
     PayloadTooLargeError,
-    StoreClosedError,
-    StoreError,
     ThreadOwnershipError,
     ValidationError,
+    WalEntriesMissingError,
 )
 from buffered_store.langgraph import history, overlay, search
 from buffered_store.langgraph.config import LangGraphConfig
@@ -162,20 +159,29 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self.settings = config
         # A write is acknowledged after its publish: the hot record follows in the
         # background, and reads look at the subject's last entry beside it.
-        self._writer: Writer[LgEntry, LgHot, LgState] = Writer(
-            wal, config, LG_FORMAT, seed=self._seed, background_hot=True
+        self._buffer: WriteBuffer[LgEntry, LgHot, LgState] = WriteBuffer(
+            wal,
+            config,
+            LG_FORMAT,
+            sink,
+            seed=self._seed,
+            too_large=_too_large,
+            check_retained=False,
+            background_hot=True,
+            flush_parallel=8,
+            what="the checkpoint saver",
         )
+        self._writer = self._buffer.writer
         self._deltas = type(self.serde) is JsonPlusSerializer
         """Whether list values may be written as deltas: only with LangGraph's own
         serializer, whose msgpack list is its items' encodings one after the other."""
-        self._log = self._writer.log
-        self._pending = PendingIndex(wal, sink.flushed_seqs, LG_FORMAT)
+        self._log = self._buffer.log
+        self._pending = self._buffer.pending
         self._writes: GroupCommit[tuple[tuple[Item, ...], bool], LgEntry] = GroupCommit(
             self._publish,
             linger_s=config.write_linger_s,
             max_inflight=config.max_inflight_writes,
         )
-        self._closed = False
         self.loop = asyncio.get_running_loop()
         self.supports_pipeline = False
         self._stats = {
@@ -258,22 +264,9 @@ class BufferedCheckpointSaver(BasePostgresSaver):
     async def close(self) -> None:
         """Flush the threads this instance wrote (best effort, bounded by
         ``drain_timeout_s``, when ``drain_on_close``), then close the WAL and the pool."""
-        if self._closed:
-            return
-        self._closed = True
         try:
-            await self._writes.settled()  # writes still lingering go out first
-            await self._writer.hot_updates.close(self.settings.drain_timeout_s)
-            if self.settings.drain_on_close:
-                threads = self._writer.cursors.threads()
-                try:
-                    async with asyncio.timeout(self.settings.drain_timeout_s):
-                        for thread_id in threads:
-                            await flush_thread(self._log, self.sink, thread_id)
-                except (StoreError, TimeoutError):
-                    pass  # the entries stay in the WAL; a flusher applies them
+            await self._buffer.close(settle=self._writes.settled)
         finally:
-            await self.wal.close()
             await self.sink.close()
 
     aclose = close
@@ -294,17 +287,12 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         }
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("the checkpoint saver is closed")
+        self._buffer.check_open()
 
     # -- the write path ---------------------------------------------------------------
 
-    async def _seed(self, thread_id: str) -> Seeded[LgHot, LgState] | None:
-        try:
-            async with asyncio.timeout(self.settings.request_timeout_s):
-                seq = (await self.sink.flushed_seqs([thread_id]))[thread_id]
-        except (StoreError, TimeoutError):
-            return None
+    async def _seed(self, thread_id: str) -> Seeded[LgHot, LgState]:
+        seq = (await self.sink.flushed_seqs([thread_id]))[thread_id]
         if seq == 0:
             return Seeded(0, None, NO_BASES)
         return Seeded(seq, LgHot(seq=seq, stream_seq=0, chain_from=1), None)
@@ -378,12 +366,6 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 payload = encode_entry(entry, wal_format=wal_format)
             except TypeError as exc:  # validation let something through orjson refuses
                 raise ValidationError(f"{kind} of thread {thread_id!r}: {exc}") from exc
-            if len(payload) > self._writer.max_entry_bytes:
-                raise PayloadTooLargeError(
-                    f"{kind} of thread {thread_id!r} needs a {len(payload)}-byte WAL entry; "
-                    f"the NATS server accepts {self._writer.max_entry_bytes} (max_payload); "
-                    "see docs/how-to/langgraph.md#the-payload-limit"
-                )
             return entry, payload
 
         deadline = asyncio.get_running_loop().time() + self.settings.checkpoint_timeout_s
@@ -653,7 +635,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         self._check_open()
         check_text(thread_id, "thread_id")
         self._stats["inline_flushes"] += 1
-        return await force_flush(self._log, self.sink, thread_id, timeout_s=timeout)
+        return await self._buffer.force_flush(thread_id, timeout_s=timeout)
 
     async def force_flush_all(
         self,
@@ -665,23 +647,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         Afterwards AsyncPostgresSaver reads exactly what this saver reads. `progress` and
         the `FlushTimeoutError` on timeout as in `BufferedThreadRunStore.force_flush_all`."""
         self._check_open()
-        started = asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._writer.hot_updates.settled()  # this saver's writes are scanned
-        except TimeoutError as exc:
-            raise FlushTimeoutError(
-                f"force_flush_all: hot records not advanced within {timeout}s"
-            ) from exc
-        left = max(0.0, timeout - (asyncio.get_running_loop().time() - started))
-        return await force_flush_all(
-            self._log,
-            self.sink,
-            self._pending,
-            timeout_s=left,
-            parallel=8,
-            progress=progress,
-        )
+        return await self._buffer.force_flush_all(timeout_s=timeout, progress=progress)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -782,7 +748,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                     break
             await self.force_flush(thread_id)  # a logical op is pending: apply it first
         else:
-            raise StoreError(f"thread {thread_id!r} kept changing while being read")
+            raise ConflictError(f"thread {thread_id!r} kept changing while being read")
         self._stats["overlay_reads"] += 1
         tail = overlay.fold(entries)
         if not tail.deleted and overlay.needs_more_rows(rows, tail, limit):
@@ -906,7 +872,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
             for thread_id in logical:  # applied by SQL on the stored rows: flush them first
                 await self.force_flush(thread_id)
         else:
-            raise StoreError("pending threads kept receiving logical operations while listed")
+            raise ConflictError("pending threads kept receiving logical operations while listed")
         rows = await search.read_rows(
             self.sink,
             where,
@@ -1075,7 +1041,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
                 if all(e.simple for e in entries):
                     return overlay.fold(entries)
             await self.force_flush(thread_id)
-        raise StoreError(f"thread {thread_id!r} kept changing while being read")
+        raise ConflictError(f"thread {thread_id!r} kept changing while being read")
 
     async def _read_without_db(
         self,
@@ -1133,7 +1099,7 @@ class BufferedCheckpointSaver(BasePostgresSaver):
         record = hot.record if hot is not None else None
         try:
             entries = await self._log.entries_between(thread_id, 0, upto, record)
-        except StoreError:
+        except WalEntriesMissingError:
             raise error from None  # part of the chain left the stream: Postgres holds it
         if (
             not entries
@@ -1271,3 +1237,10 @@ class BufferedCheckpointSaver(BasePostgresSaver):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._sync(self.aprune(thread_ids, strategy=strategy))
+
+
+def _too_large(entry: LgEntry, size: int, limit: int) -> str:
+    return (
+        f"{entry.kind} of thread {entry.thread_id!r} needs a {size}-byte WAL entry; the NATS "
+        f"server accepts {limit} (max_payload); see docs/how-to/langgraph.md#the-payload-limit"
+    )

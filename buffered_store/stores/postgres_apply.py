@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy.sql import ClauseElement
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
-from buffered_store.errors import StoreError
+from buffered_store.errors import StoreError, ValidationError
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres_compiled import StatementCompiler
@@ -138,7 +138,7 @@ class ApplyCall:
 def _valid(thread_id: str) -> bool:
     try:
         codec.check_key(thread_id, "thread_id")
-    except StoreError:
+    except ValidationError:
         return False  # its batch fails in planning, alone
     return True
 

@@ -14,7 +14,11 @@ import pytest
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import wal_subject
 from buffered_store.engine.threadlog import ThreadLog
-from buffered_store.errors import DatabaseUnavailableError, StoreError, WalUnavailableError
+from buffered_store.errors import (
+    DatabaseUnavailableError,
+    WalEntriesMissingError,
+    WalUnavailableError,
+)
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
@@ -85,7 +89,7 @@ class FakeThreadLog:
         try:
             return [self.stream[(thread_id, seq)] for seq in range(after + 1, upto + 1)]
         except KeyError:
-            raise StoreError("entries are not in the WAL") from None
+            raise WalEntriesMissingError("entries are not in the WAL") from None
 
     async def raise_mark(self, thread_id: str, seq: int, stream_seq: int) -> None:
         if self.fail_marks:
