@@ -1,0 +1,152 @@
+"""The root `StoreError` is no answer to a question: code that branches on a failure
+catches the class that names it (`WalEntriesMissingError`, `BackendUnavailableError`,
+`ValidationError`, ...), so no other refusal can be taken for it. Checked on the source.
+
+Catching the root is left to:
+- process boundaries, the commands (`buffered_store.cli`, `flusher.cli`), which report
+  any failure and exit;
+- handlers that always raise again (a pass-through before foreign errors are
+  translated, or a translation into the caller's outcome), which decide nothing;
+- the few places listed in `ALLOWED`, each with why every refusal means the same there.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("buffered_store", "flusher")
+BOUNDARIES = ("buffered_store.cli", "flusher.cli")
+
+ALLOWED = {
+    (
+        "buffered_store.stores.memory",
+        "InMemoryThreadRunStore._apply_batch",
+    ): "a sink turns any refusal of a thread's data into a FAILED outcome keeping its retriable",
+    (
+        "buffered_store.stores.postgres_codec",
+        "plan_batch",
+    ): "a sink turns any refusal of a thread's data into a FAILED outcome",
+    (
+        "buffered_store.threadrun.generic",
+        "GenericFlushTarget._apply_locked",
+    ): "the generic sink turns any refusal of the inner store into a FAILED outcome keeping "
+    "its retriable",
+    (
+        "flusher.service",
+        "Flusher._restore_consumer",
+    ): "a step of the drain loop: any failure is counted and logged, and the loop goes on",
+    (
+        "flusher.quarantine",
+        "replay_all",
+    ): "a bulk replay reports each thread's failure, whatever it is, and goes on",
+    (
+        "flusher.poison",
+        "Poison.undecodable",
+    ): "any failure to write a quarantine record falls back to redelivery",
+    (
+        "flusher.poison",
+        "Poison.join_if_quarantined",
+    ): "a quarantine record that cannot be read is taken as absent: the thread is tried",
+    (
+        "flusher.poison",
+        "Poison.terminate",
+    ): "any failure to write a quarantine record falls back to redelivery",
+}
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def names_root(node: ast.expr | None) -> bool:
+    """Whether an except clause's type names `StoreError` itself."""
+    if node is None:
+        return False
+    if isinstance(node, ast.Tuple):
+        return any(names_root(item) for item in node.elts)
+    if isinstance(node, ast.Name):
+        return node.id == "StoreError"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "StoreError"
+    return False
+
+
+def always_raises(handler: ast.ExceptHandler) -> bool:
+    """Whether the handler ends in a raise and never leaves otherwise (no return, break or
+    continue in it): it translates or passes the error on, deciding nothing."""
+    if not handler.body or not isinstance(handler.body[-1], ast.Raise):
+        return False
+    return not any(
+        isinstance(node, ast.Return | ast.Break | ast.Continue)
+        for statement in handler.body
+        for node in ast.walk(statement)
+    )
+
+
+def root_catches(tree: ast.AST) -> Iterator[tuple[str, ast.ExceptHandler]]:
+    """(qualified name of the enclosing function, handler) of every root catch."""
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> Iterator[tuple[str, ast.ExceptHandler]]:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                inner = (*scope, child.name)
+            if isinstance(child, ast.ExceptHandler) and names_root(child.type):
+                yield ".".join(scope), child
+            yield from visit(child, inner)
+
+    yield from visit(tree, ())
+
+
+def offenders() -> list[str]:
+    found = []
+    for module, path in modules():
+        if any(module == b or module.startswith(b + ".") for b in BOUNDARIES):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for scope, handler in root_catches(tree):
+            if always_raises(handler) or (module, scope) in ALLOWED:
+                continue
+            found.append(f"{module}:{handler.lineno} ({scope}) catches StoreError")
+    return sorted(found)
+
+
+def test_the_root_error_is_caught_only_at_boundaries() -> None:
+    assert offenders() == []
+
+
+def test_every_allowed_place_still_catches_the_root() -> None:
+    """A stale entry would let a new catch in the same function pass unseen."""
+    seen = set()
+    for module, path in modules():
+        for scope, _ in root_catches(ast.parse(path.read_text(), str(path))):
+            seen.add((module, scope))
+    assert set(ALLOWED) <= seen
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ("try:\n    f()\nexcept StoreError:\n    return None\n", True),
+        ("try:\n    f()\nexcept (StoreError, TimeoutError) as e:\n    log(e)\n", True),
+        ("try:\n    f()\nexcept errors.StoreError:\n    pass\n", True),
+        ("try:\n    f()\nexcept StoreError:\n    raise\n", False),
+        ("try:\n    f()\nexcept StoreError as e:\n    raise Other() from e\n", False),
+        ("try:\n    f()\nexcept StoreError:\n    if x:\n        return 1\n    raise\n", True),
+        ("try:\n    f()\nexcept ValidationError:\n    return None\n", False),
+    ],
+)
+def test_the_checker_tells_decisions_from_pass_throughs(source: str, caught: bool) -> None:
+    tree = ast.parse("def g():\n" + "".join(f"    {line}\n" for line in source.splitlines()))
+    found = [h for _, h in root_catches(tree) if not always_raises(h)]
+    assert bool(found) == caught
