@@ -12,16 +12,21 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol
 
 from buffered_store.backoff import Backoff
 from buffered_store.config import BufferedStoreConfig
+from buffered_store.engine.cursors import (
+    Cursor,
+    CursorCache,
+    S,
+    Seeded,
+)
 from buffered_store.engine.entries import E, Format, H, follows
+from buffered_store.engine.hotupdates import HotUpdates, merged_recent
 from buffered_store.engine.ids import check_aware, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.ports import StoredMsg, Wal
@@ -42,9 +47,6 @@ log = logging.getLogger("buffered_store.engine.appender")
 
 MAX_CONFLICTS = 100
 
-S = TypeVar("S")
-"""What a front-end remembers of a thread at a cursor's seq (e.g. its message snapshot)."""
-
 
 def jump_seq(now: datetime) -> int:
     """The seq after which a chain starts when the thread's stored seq cannot be read.
@@ -58,18 +60,6 @@ def jump_seq(now: datetime) -> int:
     """
     check_aware(now, "now")
     return int(now.timestamp() * 1_000_000)
-
-
-@dataclass(frozen=True, slots=True)
-class Seeded(Generic[H, S]):
-    """Where a thread the WAL has never seen stands in the store behind the buffer."""
-
-    seq: int
-    """Its stored seq (0: the store does not hold it either)."""
-    hot: H | None
-    """The hot record to continue from (None when `seq` is 0)."""
-    state: S | None
-    """The front-end's state of the thread at `seq`."""
 
 
 class WriteFormat(Format[E, H], Protocol[E, H, S]):
@@ -114,146 +104,6 @@ class WriteFormat(Format[E, H], Protocol[E, H, S]):
         """What `state_after(..., owned=True)` adds to `state_bytes` when it extends the
         state in place with `entry` (so a cursor is weighed in O(entry), not O(state))."""
         ...
-
-
-@dataclass(slots=True)
-class Cursor(Generic[H, S]):
-    """What this instance knows of a thread's WAL position."""
-
-    seq: int
-    """Highest thread seq known to be in the stream."""
-    stream_seq: int
-    """Stream seq of the last message on the thread's subject (the CAS expectation)."""
-    hot: H | None
-    """Hot record at `seq` (what the KV holds, or will once our update lands)."""
-    revision: int | None
-    """KV revision of the hot key (None: the key does not exist)."""
-    state: S | None
-    """The front-end's state of the thread at `seq`, when known (None: unknown)."""
-    claims: set[str] = field(default_factory=set)
-    """Ids the front-end claimed for this thread in KV through this instance (run ids,
-    for the thread-run front-end); dropped when the thread is deleted."""
-    jump: bool = False
-    """The thread's stored seq could not be read: the next entry jumps (see `jump_seq`)."""
-    hot_behind: bool = False
-    """The KV hot record (at `revision`) is older than `hot`: entries past it were found
-    on the subject (a writer's KV update was lost). Readers do not see them yet."""
-    state_bytes: int | None = None
-    """What `state` weighs (`WriteFormat.state_bytes`; None: not weighed yet)."""
-    expires_at: float = 0.0
-    """With `max_age_s` set: Unix time from which the thread's oldest entry that may be
-    unflushed can expire (0: unknown); the writer checks the thread's entries are all
-    still there before writing past it (`Writer.check_retained`)."""
-
-
-CURSOR_OVERHEAD_BYTES = 1024
-"""What a cursor weighs besides its state (hot record, seqs, claims): an estimate."""
-
-
-class CursorCache(Generic[H, S]):
-    """LRU of cursors, one per recently written thread, bounded in threads and in bytes.
-
-    A thread's cursor holds its last snapshot (the state), which can be large: past
-    `max_bytes` the least recently used cursors are evicted, and their threads' next
-    write loads the cursor again (the slow path: two reads, and a full snapshot instead
-    of a delta for `checkpoint`). A cursor whose state alone exceeds the budget is kept
-    without its state.
-    """
-
-    def __init__(
-        self,
-        capacity: int,
-        *,
-        max_bytes: int | None = None,
-        weigh: Callable[[S], int] | None = None,
-    ) -> None:
-        self._items: OrderedDict[str, Cursor[H, S]] = OrderedDict()
-        self._capacity = capacity
-        self._max_bytes = max_bytes
-        self._weigh = weigh
-        self._weights: dict[str, int] = {}
-        self.held_bytes = 0
-        """What the cached cursors weigh now (states plus `CURSOR_OVERHEAD_BYTES` each)."""
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, thread_id: str) -> Cursor[H, S] | None:
-        """The cursor, marked as recently used."""
-        cursor = self._items.get(thread_id)
-        if cursor is not None:
-            self._items.move_to_end(thread_id)
-        return cursor
-
-    def put(self, thread_id: str, cursor: Cursor[H, S]) -> None:
-        """Store a cursor, evicting the least recently used ones past the bounds."""
-        self.drop(thread_id)
-        weight = CURSOR_OVERHEAD_BYTES + self._state_weight(cursor)
-        if self._max_bytes is not None and weight > self._max_bytes:
-            # Alone above the budget: keep where the thread stands, not what it holds.
-            cursor.state = None
-            cursor.state_bytes = 0
-            weight = CURSOR_OVERHEAD_BYTES
-        self._items[thread_id] = cursor
-        self._weights[thread_id] = weight
-        self.held_bytes += weight
-        while len(self._items) > self._capacity or (
-            self._max_bytes is not None
-            and self.held_bytes > self._max_bytes
-            and len(self._items) > 1
-        ):
-            self.drop(next(iter(self._items)))
-
-    def _state_weight(self, cursor: Cursor[H, S]) -> int:
-        if self._weigh is None or cursor.state is None:
-            return 0
-        if cursor.state_bytes is None:
-            cursor.state_bytes = self._weigh(cursor.state)
-        return cursor.state_bytes
-
-    def drop(self, thread_id: str) -> None:
-        """Forget a thread (its next write reloads it from the WAL)."""
-        if self._items.pop(thread_id, None) is not None:
-            self.held_bytes -= self._weights.pop(thread_id)
-
-    def threads(self) -> list[str]:
-        """Threads with a cursor."""
-        return list(self._items)
-
-    def behind(self) -> dict[str, Cursor[H, S]]:
-        """The cursors whose entry the KV hot record does not show yet (its update queued,
-        in flight or failed), by thread; the LRU order is left as it is."""
-        return {t: c for t, c in self._items.items() if c.hot_behind}
-
-
-class ThreadLocks:
-    """One lock per thread id, created on demand and dropped when nobody holds it.
-
-    Serialises this instance's own writes to one thread (they would only conflict with
-    each other); different threads never wait for each other.
-    """
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextmanager
-    def _track(self, thread_id: str) -> Iterator[asyncio.Lock]:
-        lock, users = self._locks.get(thread_id, (asyncio.Lock(), 0))
-        self._locks[thread_id] = (lock, users + 1)
-        try:
-            yield lock
-        finally:
-            lock, users = self._locks[thread_id]
-            if users == 1:
-                del self._locks[thread_id]
-            else:
-                self._locks[thread_id] = (lock, users - 1)
-
-    async def run(self, thread_id: str, work: Callable[[], Any]) -> Any:
-        """Run `work()` (a coroutine factory) holding the thread's lock."""
-        with self._track(thread_id) as lock:
-            async with lock:
-                return await work()
 
 
 @dataclass(slots=True)
@@ -683,91 +533,3 @@ class Writer(Generic[E, H, S]):
     def _merge_recent(self, record: H, stored: H) -> H:
         recent = merged_recent(record.recent, stored.recent, self.config.recent_window)
         return self.fmt.with_recent(record, recent)
-
-
-class HotUpdates(Generic[H, S]):
-    """Hot records advanced in the background, one update in flight per thread.
-
-    The entry is durable and its seq taken once the publish is acknowledged; the hot
-    record only helps readers find the tail. Readers do not rely on it being current:
-    they read the subject's last message beside it (`ThreadLog.latest`) and walk what
-    it does not cover. A write's update that finds another in flight for its thread
-    waits for it and then writes the newest record only (writes outrunning the updates
-    cost fewer of them). Failures are retried until they succeed or the writer closes;
-    `settled` waits for what is in flight.
-    """
-
-    def __init__(self, writer: Writer[Any, H, S]) -> None:
-        self._writer = writer
-        self._latest: dict[str, Cursor[H, S]] = {}
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._revisions: dict[str, int | None] = {}
-        self.updates = 0
-        """Hot-record updates written."""
-        self.coalesced = 0
-        """Writes whose hot record was superseded before it was written."""
-
-    def submit(self, thread_id: str, cursor: Cursor[H, S]) -> None:
-        """Advance the thread's hot record to `cursor`'s (latest submission wins)."""
-        if thread_id in self._latest:
-            self.coalesced += 1
-        self._latest[thread_id] = cursor
-        if thread_id not in self._revisions:
-            self._revisions[thread_id] = cursor.revision
-        if thread_id not in self._running:
-            self._running[thread_id] = asyncio.create_task(self._run(thread_id))
-
-    def pending(self, thread_id: str) -> bool:
-        """Whether an update of the thread's hot record is queued or in flight."""
-        return thread_id in self._running
-
-    async def settled(self) -> None:
-        """Return once every update submitted so far is written (or has failed for good:
-        the writer was closed)."""
-        while self._running:
-            await asyncio.gather(*list(self._running.values()), return_exceptions=True)
-
-    async def close(self, timeout_s: float) -> None:
-        """Let the updates in flight finish for up to `timeout_s`, then cancel the rest
-        (their entries are durable; readers find them on the stream)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.settled()
-        except TimeoutError:
-            log.warning(
-                "hot records of %d threads were not updated before closing",
-                len(self._running),
-                extra={"action": "hot_updates_abandoned"},
-            )
-        for task in list(self._running.values()):
-            task.cancel()
-        await asyncio.gather(*list(self._running.values()), return_exceptions=True)
-
-    async def _run(self, thread_id: str) -> None:
-        try:
-            while thread_id in self._latest:
-                cursor = self._latest.pop(thread_id)
-                assert cursor.hot is not None
-                revision = await self._writer.advance_hot(
-                    thread_id, cursor.hot, self._revisions.get(thread_id)
-                )
-                self.updates += 1
-                self._revisions[thread_id] = revision
-                current = self._writer.cursors.get(thread_id)
-                if current is not None:
-                    current.revision = revision
-                    if current is cursor:
-                        current.hot_behind = False
-        finally:
-            del self._running[thread_id]
-            if thread_id not in self._latest:
-                self._revisions.pop(thread_id, None)
-
-
-def merged_recent(
-    ours: tuple[tuple[int, int], ...], stored: tuple[tuple[int, int], ...], window: int
-) -> tuple[tuple[int, int], ...]:
-    """The newest `window` (seq, stream seq) pairs of both lists, ours winning a tie."""
-    merged = dict(stored)
-    merged.update(ours)
-    return tuple(sorted(merged.items()))[-window:]

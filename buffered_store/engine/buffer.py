@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Generic
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.appender import Cursor, S, Seeded, ThreadLocks, WriteFormat, Writer
+from buffered_store.engine.appender import WriteFormat, Writer
+from buffered_store.engine.cursors import Cursor, S, Seeded, ThreadLocks
 from buffered_store.engine.entries import E, H
 from buffered_store.engine.flushing import FlushSink
 from buffered_store.engine.ids import utcnow

@@ -26,8 +26,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from buffered_store.engine.appender import Cursor, Seeded
 from buffered_store.engine.buffer import WriteBuffer
+from buffered_store.engine.cursors import Cursor, Seeded
 from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.engine.groupcommit import GroupCommit
 from buffered_store.engine.ids import utcnow

@@ -19,8 +19,8 @@ from typing import Any
 
 from buffered_store.backoff import Backoff
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.appender import Cursor, Seeded
 from buffered_store.engine.buffer import WriteBuffer
+from buffered_store.engine.cursors import Cursor, Seeded
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.frontend import THREADRUN
 from buffered_store.engine.ids import check_id, utcnow

@@ -5,7 +5,7 @@ still reads back and flushes exactly."""
 from __future__ import annotations
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.appender import CURSOR_OVERHEAD_BYTES, Cursor, CursorCache
+from buffered_store.engine.cursors import CURSOR_OVERHEAD_BYTES, Cursor, CursorCache
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import make_run, open_memory_store
 from buffered_store.threadrun.entry import FORMAT, HotRecord

@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.engine.appender import Cursor, Writer
+from buffered_store.engine.appender import Writer
+from buffered_store.engine.cursors import Cursor
 from buffered_store.engine.entries import Header, chain_after, header_json, parse_entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.threadlog import ThreadLog, flush_thread

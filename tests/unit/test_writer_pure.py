@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from buffered_store.engine.appender import Cursor, CursorCache, ThreadLocks, merged_recent
+from buffered_store.engine.cursors import Cursor, CursorCache, ThreadLocks
+from buffered_store.engine.hotupdates import merged_recent
 from buffered_store.threadrun.entry import FORMAT, EntryKind, HotRecord, WalEntry
 from buffered_store.threadrun.records import Thread
 
