@@ -183,7 +183,9 @@ def front_end_view(
     current command (`schema` None: ``$BUFSTORE_SCHEMA`` or public)."""
     schema = schema or os.environ.get("BUFSTORE_SCHEMA", "public")
     if front_end == "langgraph":
-        from buffered_store.langgraph.entry import LG_FORMAT
+        from buffered_store.langgraph.format import (
+            LG_FORMAT,
+        )
 
         lg = langgraph_config(nats_url, database_url)
         given = database_url or os.environ.get("BUFSTORE_LG_DATABASE_URL")

@@ -14,7 +14,9 @@ AsyncPostgresSaver.
 from __future__ import annotations
 
 from buffered_store.langgraph.config import LangGraphConfig
-from buffered_store.langgraph.entry import LG_FORMAT
+from buffered_store.langgraph.format import (
+    LG_FORMAT,
+)
 from buffered_store.langgraph.saver import BufferedCheckpointSaver
 from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.langgraph.sync import SyncBufferedCheckpointSaver

@@ -20,17 +20,19 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from buffered_store.langgraph.entry import (
-    NO_BASES,
     BlobRow,
     Claim,
     Delete,
-    LgState,
-    ListBase,
     Op,
     Put,
     Writes,
     delta_blob,
     msgpack_list_start,
+)
+from buffered_store.langgraph.format import (
+    NO_BASES,
+    LgState,
+    ListBase,
 )
 from buffered_store.langgraph.validation import check_key
 

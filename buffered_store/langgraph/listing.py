@@ -17,7 +17,13 @@ from buffered_store.config import ReadConsistency
 from buffered_store.engine.pending import PendingThread
 from buffered_store.errors import ConflictError
 from buffered_store.langgraph import overlay, search
-from buffered_store.langgraph.entry import LgEntry, LgHot, Put
+from buffered_store.langgraph.entry import (
+    LgEntry,
+    Put,
+)
+from buffered_store.langgraph.format import (
+    LgHot,
+)
 from buffered_store.langgraph.reads import MAX_READ_ATTEMPTS, SaverReads
 
 SEARCH_FETCHES = 64

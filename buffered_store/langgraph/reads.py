@@ -31,7 +31,13 @@ from buffered_store.errors import (
 )
 from buffered_store.langgraph import history, overlay
 from buffered_store.langgraph.config import LangGraphConfig
-from buffered_store.langgraph.entry import LgEntry, LgHot, LgState
+from buffered_store.langgraph.entry import (
+    LgEntry,
+)
+from buffered_store.langgraph.format import (
+    LgHot,
+    LgState,
+)
 from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.langgraph.validation import check_text
 

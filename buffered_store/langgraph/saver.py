@@ -41,13 +41,9 @@ from buffered_store.langgraph.bridge import SyncBridge
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.drafts import Drafter, Item, PutDraft
 from buffered_store.langgraph.entry import (
-    LG_FORMAT,
-    NO_BASES,
     Claim,
     Delete,
     LgEntry,
-    LgHot,
-    LgState,
     Op,
     Prune,
     Put,
@@ -56,6 +52,12 @@ from buffered_store.langgraph.entry import (
     Writes,
     encode_entry,
     kind_of,
+)
+from buffered_store.langgraph.format import (
+    LG_FORMAT,
+    NO_BASES,
+    LgHot,
+    LgState,
 )
 from buffered_store.langgraph.listing import SaverListing
 from buffered_store.langgraph.sink import LangGraphSink

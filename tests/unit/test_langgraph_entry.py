@@ -14,8 +14,10 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from buffered_store.errors import CorruptEntryError
+from buffered_store.langgraph.decoding import (
+    decode_entry,
+)
 from buffered_store.langgraph.entry import (
-    LG_FORMAT,
     BlobRow,
     Claim,
     Copy,
@@ -25,12 +27,14 @@ from buffered_store.langgraph.entry import (
     Runs,
     WriteRow,
     Writes,
-    decode_entry,
     delta_blob,
     encode_entry,
     kind_of,
     msgpack_list_header,
     msgpack_list_start,
+)
+from buffered_store.langgraph.format import (
+    LG_FORMAT,
 )
 
 T = datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
