@@ -10,7 +10,7 @@ import pytest
 
 from buffered_store.langgraph import history, overlay
 from buffered_store.langgraph.entry import Put
-from buffered_store.langgraph.sink import orders_by_code_point
+from buffered_store.langgraph.sink_reads import orders_by_code_point
 
 
 def tail_of(*ids: str) -> overlay.Tail:
