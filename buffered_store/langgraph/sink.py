@@ -32,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import (
+    BackendUnavailableError,
     ConflictError,
     DatabaseUnavailableError,
     StoreError,
@@ -190,7 +191,7 @@ class LangGraphSink(SinkReads):
         sink = cls(pool, timeout_s=timeout_s)
         # Known from the start, reads during a later outage know how ids are ordered
         # (while Postgres is down it is learnt later, by the first read that needs it).
-        with contextlib.suppress(StoreError, TimeoutError):
+        with contextlib.suppress(BackendUnavailableError, TimeoutError):
             async with asyncio.timeout(min(timeout_s, 5.0)):
                 await sink.collation()
         return sink

@@ -93,6 +93,21 @@ def always_raises(handler: ast.ExceptHandler) -> bool:
     )
 
 
+def root_suppressions(tree: ast.AST) -> list[int]:
+    """Lines of ``contextlib.suppress(..., StoreError, ...)``: a catch that decides to
+    go on, whatever the error was."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "suppress")
+            or (isinstance(node.func, ast.Name) and node.func.id == "suppress")
+        )
+        and any(names_root(arg) for arg in node.args)
+    ]
+
+
 def root_catches(tree: ast.AST) -> Iterator[tuple[str, ast.ExceptHandler]]:
     """(qualified name of the enclosing function, handler) of every root catch."""
 
@@ -118,11 +133,18 @@ def offenders() -> list[str]:
             if always_raises(handler) or (module, scope) in ALLOWED:
                 continue
             found.append(f"{module}:{handler.lineno} ({scope}) catches StoreError")
+        found.extend(f"{module}:{line} suppresses StoreError" for line in root_suppressions(tree))
     return sorted(found)
 
 
 def test_the_root_error_is_caught_only_at_boundaries() -> None:
     assert offenders() == []
+
+
+def test_the_checker_sees_suppressions() -> None:
+    tree = ast.parse("with contextlib.suppress(StoreError, TimeoutError):\n    f()\n")
+    assert root_suppressions(tree) == [1]
+    assert root_suppressions(ast.parse("with suppress(TimeoutError):\n    f()\n")) == []
 
 
 def test_every_allowed_place_still_catches_the_root() -> None:
