@@ -111,7 +111,7 @@ class SaverListing(SaverReads):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.request_timeout_s):
                 await updates.settled()
-        pending = {p.thread_id: p for p in await self._pending.scan()}
+        pending = {p.thread_id: p for p in await self._buffer.pending.scan()}
         local: dict[str, LgHot] = {}
         for thread_id, cursor in self._buffer.writer.cursors.behind().items():
             known = pending.get(thread_id)

@@ -22,7 +22,6 @@ from langgraph.checkpoint.serde.types import TASKS
 
 from buffered_store.config import ReadConsistency
 from buffered_store.engine.buffer import WriteBuffer
-from buffered_store.engine.pending import PendingIndex
 from buffered_store.engine.threadlog import FlushProgress, ThreadLog
 from buffered_store.errors import (
     ConflictError,
@@ -53,7 +52,6 @@ class SaverReads(BasePostgresSaver):
     settings: LangGraphConfig
     _buffer: WriteBuffer[LgEntry, LgHot, LgState]
     _log: ThreadLog[LgEntry, LgHot]
-    _pending: PendingIndex[LgHot]
     _stats: dict[str, int]
 
     def _check_open(self) -> None:

@@ -113,7 +113,6 @@ class BufferedCheckpointSaver(SyncBridge, SaverListing):
         )
         self._writer = self._buffer.writer
         self._log = self._buffer.log
-        self._pending = self._buffer.pending
         self._writes: GroupCommit[tuple[tuple[Item, ...], bool], LgEntry] = GroupCommit(
             self._publish,
             linger_s=config.write_linger_s,

@@ -13,6 +13,8 @@ alone, and each folder should depend only on what its name promises:
 - LangGraph (and langchain-core) is imported by `buffered_store.langgraph` alone, the
   LangGraph front-end; the two front-ends (`threadrun`, `langgraph`) never import each
   other, and the engine imports neither.
+- The front-ends get the engine assembled (`engine.buffer.WriteBuffer`: writer, thread
+  log, pending index, locks, flushing, closing), never build it from its parts.
 - No module imports another module's private (``_``-prefixed) names.
 
 The benchmark harness (`benchmarks/`, installed as `buffered_store.benchmarks`) and the
@@ -145,6 +147,20 @@ RULES = {
             "buffered_store.stores",
             "buffered_store.spark",
             "flusher",
+        ),
+        (),
+    ),
+    "the front-ends get the engine assembled by engine.buffer, never piece by piece": (
+        ("buffered_store.threadrun", "buffered_store.langgraph"),
+        (
+            "buffered_store.engine.appender",
+            "buffered_store.engine.hotupdates",
+            "buffered_store.engine.pending.PendingIndex",
+            "buffered_store.engine.cursors.CursorCache",
+            "buffered_store.engine.cursors.ThreadLocks",
+            "buffered_store.engine.threadlog.flush_thread",
+            "buffered_store.engine.threadlog.force_flush",
+            "buffered_store.engine.threadlog.force_flush_all",
         ),
         (),
     ),
