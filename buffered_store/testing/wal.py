@@ -28,6 +28,7 @@ from buffered_store.errors import (
     ConflictError,
     PayloadTooLargeError,
     StoreError,
+    WalObjectMissingError,
     WalUnavailableError,
 )
 from buffered_store.testing.jetstream import (
@@ -198,7 +199,7 @@ class MemoryWal:
     def _consumer(self, what: str) -> MemoryConsumer:
         consumer = self.server.consumer(self.config.stream_name, self.config.consumer_name)
         if consumer is None:
-            raise StoreError(f"{what}: consumer {self.config.consumer_name!r} not found")
+            raise WalObjectMissingError(f"{what}: consumer {self.config.consumer_name!r} not found")
         return consumer
 
     async def tail_bounds(self) -> tuple[int, int]:

@@ -1,0 +1,171 @@
+"""`engine.buffer.WriteBuffer` carries a front-end (the toy "notes" one of
+`test_engine_second_frontend`) with the decisions the front-ends used to make each on
+their own: seeding, the size check, force_flush, the ordered close with its drain; and
+the errors a caller branches on are the ones named for that decision."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from buffered_store.config import BufferedStoreConfig
+from buffered_store.engine.buffer import WriteBuffer
+from buffered_store.engine.cursors import Cursor, Seeded
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.threadlog import flush_thread
+from buffered_store.errors import (
+    DatabaseUnavailableError,
+    FlushFailedError,
+    PayloadTooLargeError,
+    SchemaError,
+    StoreClosedError,
+    StoreError,
+    WalEntriesMissingError,
+)
+from buffered_store.testing import MemoryJetStream, MemoryWal
+from tests.unit.test_engine_second_frontend import FMT, T0, Note, NoteHot, NotesSink
+
+CONFIG = BufferedStoreConfig(
+    stream_name="NOTES", hot_bucket="notes-hot", consumer_name="n", request_timeout_s=0.5
+)
+NotesBuffer = WriteBuffer[Note, NoteHot, int]
+
+
+class RefusingSink(NotesSink):
+    """Refuses every batch, retriable or not."""
+
+    def __init__(self, *, retriable: bool) -> None:
+        super().__init__()
+        self.retriable = retriable
+
+    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        return [
+            ApplyOutcome(
+                b[0].thread_id, ApplyStatus.FAILED, 0, error="no", retriable=self.retriable
+            )
+            for b in batches
+        ]
+
+
+async def write(buffer: NotesBuffer, thread_id: str, text: str) -> Note:
+    def build(cursor: Cursor[NoteHot, int]) -> tuple[Note, bytes]:
+        note = Note(thread_id, cursor.seq + 1, T0, text, buffer.writer.nonce(), cursor.jump)
+        return note, FMT.encode(note)
+
+    note, _ = await buffer.write(thread_id, build, None)
+    return note
+
+
+def notes_buffer(sink: NotesSink, wal: MemoryWal | None = None, **kwargs: object) -> NotesBuffer:
+    wal = wal or MemoryWal(CONFIG, MemoryJetStream())
+    return WriteBuffer(wal, CONFIG, FMT, sink, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_thread_new_to_the_wal_continues_the_seqs_the_sink_holds() -> None:
+    async def seed(thread_id: str) -> Seeded[NoteHot, int]:
+        return Seeded(7, NoteHot(7, 0, count=7), 7)
+
+    buffer = notes_buffer(NotesSink(), seed=seed)
+    assert (await write(buffer, "t", "x")).seq == 8
+    await buffer.close()
+
+
+async def test_an_unavailable_sink_makes_the_first_entry_jump() -> None:
+    async def seed(thread_id: str) -> Seeded[NoteHot, int]:
+        raise DatabaseUnavailableError("down")
+
+    buffer = notes_buffer(NotesSink(), seed=seed)
+    note = await write(buffer, "t", "x")
+    assert note.jump
+    assert note.seq > 1_000_000
+    await buffer.close()
+
+
+async def test_a_sink_refusing_otherwise_is_not_taken_for_an_outage() -> None:
+    """Before, any `StoreError` of the seed read meant "database down" and the thread
+    was written as new (its seqs restarted): a schema error now reaches the caller."""
+
+    async def seed(thread_id: str) -> Seeded[NoteHot, int]:
+        raise SchemaError("no tables")
+
+    buffer = notes_buffer(NotesSink(), seed=seed)
+    with pytest.raises(SchemaError):
+        await write(buffer, "t", "x")
+    assert await buffer.wal.last_seq() == 0
+    await buffer.close()
+
+
+async def test_the_size_check_speaks_the_front_ends_words_and_writes_nothing() -> None:
+    wal = MemoryWal(CONFIG, MemoryJetStream(max_payload=64 * 1024))
+    buffer = notes_buffer(
+        NotesSink(), wal, too_large=lambda e, size, limit: f"note {e.seq}: {size} > {limit}"
+    )
+    with pytest.raises(PayloadTooLargeError, match=r"^note 1: \d+ > \d+$"):
+        await write(buffer, "t", "x" * 70_000)
+    assert await wal.last_seq() == 0
+    await buffer.close()
+
+
+@pytest.mark.parametrize("retriable", [True, False])
+async def test_a_failed_flush_keeps_the_refusals_retriable(retriable: bool) -> None:
+    buffer = notes_buffer(RefusingSink(retriable=retriable))
+    await write(buffer, "t", "x")
+    with pytest.raises(FlushFailedError) as caught:
+        await buffer.force_flush("t", timeout_s=5)
+    assert caught.value.retriable is retriable
+    assert caught.value.thread_id == "t"
+    await buffer.close()
+
+
+async def test_entries_gone_from_the_stream_raise_their_own_error() -> None:
+    buffer = notes_buffer(NotesSink())
+    for i in range(3):
+        await write(buffer, "t", f"n{i}")
+    wal = MemoryWal(CONFIG, buffer.wal.server)  # type: ignore[attr-defined]
+    await wal.purge_below(3)
+    other = notes_buffer(NotesSink(), wal)  # another process: no entries cached
+    with pytest.raises(WalEntriesMissingError) as caught:
+        await other.log.entries_between("t", 0, 3, None)
+    assert (caught.value.thread_id, caught.value.reached, caught.value.upto) == ("t", 0, 3)
+    with pytest.raises(WalEntriesMissingError):
+        await flush_thread(other.log, NotesSink(), "t")
+    await other.close()
+    await buffer.close()
+
+
+async def test_close_drains_then_closes_and_refuses_afterwards() -> None:
+    sink = NotesSink()
+    buffer = notes_buffer(sink)
+    await write(buffer, "t", "a")
+    settled: list[str] = []
+
+    async def settle() -> None:
+        settled.append("settled")
+
+    await buffer.close(settle=settle)
+    assert settled == ["settled"]
+    assert sink.texts == {"t": ["a"]}
+    with pytest.raises(StoreClosedError):
+        buffer.check_open()
+    await buffer.close()  # closing twice is fine
+
+
+async def test_a_drain_the_sink_refuses_still_closes_the_wal() -> None:
+    buffer = notes_buffer(RefusingSink(retriable=False))
+    await write(buffer, "t", "a")
+    await buffer.close()  # logged, not raised: the entries stay in the WAL
+    with pytest.raises(StoreError):
+        await buffer.wal.last_seq()
+
+
+async def test_force_flush_all_flushes_every_pending_thread() -> None:
+    sink = NotesSink()
+    buffer = notes_buffer(sink)
+    for t in ("a", "b", "c"):
+        await write(buffer, t, t)
+    assert await buffer.force_flush_all(timeout_s=5) == 3
+    assert sink.marks == {"a": 1, "b": 1, "c": 1}
+    await asyncio.sleep(0)
+    await buffer.close()
