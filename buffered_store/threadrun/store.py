@@ -17,7 +17,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from buffered_store.backoff import Backoff
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.cursors import Cursor, Seeded
@@ -45,10 +44,9 @@ from buffered_store.opening import Opening
 from buffered_store.threadrun.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
-    run_owned_elsewhere,
     validate_checkpoint,
 )
-from buffered_store.threadrun.claims import decode_run_claim, encode_run_claim, run_key
+from buffered_store.threadrun.claiming import RunClaims
 from buffered_store.threadrun.entry import (
     FORMAT,
     HotRecord,
@@ -112,6 +110,7 @@ class BufferedThreadRunStore:
         self._log = self._buffer.log
         self._locks = self._buffer.locks
         self._reads = Overlay(inner, target, self._buffer, config)
+        self._claims = RunClaims(self._buffer, self._reads, clock=clock)
         self._stats: dict[str, float] = {
             "checkpoints_ok": 0,
             "checkpoints_failed": 0,
@@ -281,7 +280,7 @@ class BufferedThreadRunStore:
             # The run's claim must hold on the cursor the entry is built on: a cursor
             # reloaded after a conflict that saw the thread deleted has dropped it.
             for _ in range(MAX_RECLAIMS):
-                await self._claim_run(thread_id, run.run_id, deadline)
+                await self._claims.claim(thread_id, run.run_id, deadline)
                 try:
                     return await self._buffer.write(thread_id, build, snapshot, deadline=deadline)
                 except _ClaimLost:
@@ -359,81 +358,6 @@ class BufferedThreadRunStore:
                 "be updated; reads show it after the next flush, or retry"
             ) from exc
         cursor.hot_behind = False
-
-    async def _claim_run(self, thread_id: str, run_id: str, deadline: float) -> None:
-        """Claim `run_id` for the thread in the KV run claims before anything is written.
-
-        Runs are keyed by id alone: a run id checkpointed on a second thread would move
-        the run. The claim is a create-if-absent, made once per run and instance (one
-        round trip on a run's first checkpoint, none after). An existing claim by another
-        thread is honoured while that thread holds the run, and for `run_claim_grace_s`
-        after it was made even when it does not (yet): the checkpoint that claimed it may
-        still be on its way. After that the claim is stale (the thread was deleted, or
-        its checkpoint never landed) and is taken over. Retried while NATS is
-        unreachable, until `deadline` (the checkpoint's).
-        """
-        cursor = await self._writer.cursor(thread_id)
-        if run_id in cursor.claims:
-            return
-        retry = Backoff(0.05, 1.0)
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    try:
-                        if await self._try_claim(thread_id, run_id, cursor.seq):
-                            break
-                    except WalUnavailableError:
-                        await asyncio.sleep(retry.next_delay())
-        except TimeoutError as exc:
-            raise WalUnavailableError(
-                f"checkpoint of thread {thread_id!r}: could not claim run {run_id!r} in time"
-            ) from exc
-        cursor.claims.add(run_id)
-
-    async def _try_claim(self, thread_id: str, run_id: str, seq: int) -> bool:
-        """One claiming attempt: True when the thread holds the claim, False to retry.
-
-        `seq` is the thread's seq as the claimer knows it: a delete of the owner with a
-        higher seq happened after the claim (or after a stale cursor, whose checkpoint
-        then fails its compare-and-set, sees the delete and claims again).
-        """
-        key = run_key(run_id)
-        now_us = round(self._clock().timestamp() * 1e6)
-        mine = encode_run_claim(thread_id, now_us, seq)
-        try:
-            await self.wal.kv_swap(key, mine, revision=None)
-            return True
-        except ConflictError:
-            pass
-        current = await self.wal.kv_get(key)
-        if current is None:
-            return False  # deleted meanwhile: create it again
-        owner, claimed_at_us, claimed_seq = decode_run_claim(current.value)
-        if owner != thread_id:
-            run, owner_hot = await asyncio.gather(
-                self._reads.load_run_overlay(run_id), self._log.hot(owner)
-            )
-            if run is not None and run.thread_id != thread_id:
-                raise run_owned_elsewhere(run_id, run.thread_id, thread_id)
-            # Deleted after the claim, even if re-created since: its delete seq is above
-            # the seq the claim was made at (claims without a seq: the thread is deleted
-            # now and its hot record is newer than the claim, both in the hot bucket's
-            # stream). A checkpoint built before the delete fails its CAS and, once it
-            # has seen the delete, claims again (see `_ClaimLost`).
-            deleted_since = owner_hot is not None and (
-                (claimed_seq is not None and owner_hot.record.deleted_seq > claimed_seq)
-                or (owner_hot.record.thread is None and owner_hot.revision > current.revision)
-            )
-            lapsed = now_us - claimed_at_us >= self.config.run_claim_grace_s * 1e6
-            if run is None and not (deleted_since or lapsed):
-                raise run_owned_elsewhere(run_id, owner, thread_id)
-        # Our own claim is written again too, so that it is newer than any delete of the
-        # thread this instance has seen.
-        try:
-            await self.wal.kv_swap(key, mine, revision=current.revision)
-        except ConflictError:
-            return False  # claimed by someone else meanwhile: judge the new claim
-        return True
 
     async def _seed_from_inner(self, thread_id: str) -> Seeded[HotRecord, list[bytes]]:
         """The inner store's state of a thread the WAL has never seen (the buffer gives
