@@ -33,11 +33,9 @@ from buffered_store.engine.threadlog import (
 )
 from buffered_store.errors import (
     BackendUnavailableError,
-    ConflictError,
-    FlushFailedError,
     FlushTimeoutError,
     StoreClosedError,
-    WalEntriesMissingError,
+    StoreError,
 )
 
 log = logging.getLogger("buffered_store.engine.buffer")
@@ -45,15 +43,6 @@ log = logging.getLogger("buffered_store.engine.buffer")
 TooLarge = Callable[[E, int, int], str]
 """The front-end's words for an entry of (entry, its size, the WAL's limit) bytes that
 the WAL cannot take (the message of the `PayloadTooLargeError`)."""
-
-DRAIN_SKIPS = (
-    BackendUnavailableError,
-    FlushFailedError,
-    WalEntriesMissingError,
-    ConflictError,
-    TimeoutError,
-)
-"""What a drain on close gives up on: the entries stay in the WAL for a flusher."""
 
 
 class WriteBuffer(Generic[E, H, S]):
@@ -220,7 +209,10 @@ class WriteBuffer(Generic[E, H, S]):
             async with asyncio.timeout(self.config.drain_timeout_s):
                 for thread_id in threads:
                     await flush_thread(self.log, self.sink, thread_id)
-        except DRAIN_SKIPS as exc:
+        except (StoreError, TimeoutError) as exc:
+            # Best effort, whatever refused it (the database down, a thread's data
+            # refused, entries gone, a timeout): the entries stay in the WAL for a flusher,
+            # and close() goes on to close the WAL.
             log.warning(
                 "close: could not drain every thread (%s)", exc, extra={"action": "drain_skipped"}
             )

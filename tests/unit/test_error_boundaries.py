@@ -24,6 +24,11 @@ BOUNDARIES = ("buffered_store.cli", "flusher.cli")
 
 ALLOWED = {
     (
+        "buffered_store.engine.buffer",
+        "WriteBuffer.drain",
+    ): "a best-effort drain on close: whatever refused it, the entries stay in the WAL for a "
+    "flusher and close() goes on",
+    (
         "buffered_store.stores.memory",
         "InMemoryThreadRunStore._apply_batch",
     ): "a sink turns any refusal of a thread's data into a FAILED outcome keeping its retriable",
