@@ -238,7 +238,7 @@ class BufferedCheckpointSaver(SyncBridge, SaverListing):
         acknowledged. Puts and writes may share an entry with the thread's other puts and
         writes queued at the same moment (`GroupCommit`); a write that is not `urgent`
         lingers a little for a put that follows it."""
-        self._check_open()
+        self._buffer.check_open()
         simple = all(isinstance(op, PutDraft | Writes) for op in ops)
         entry = await self._writes.submit(
             thread_id,
