@@ -36,11 +36,17 @@ from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.ids import utcnow
 from buffered_store.engine.keys import wal_subject
 from buffered_store.engine.threadlog import group_by_thread
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.model.records import Message, RunRecord, Thread
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
-from buffered_store.threadrun.records import Message, RunRecord, Thread
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    encode_entry,
+)
 from flusher.policy import classify
 
 from .proxy import ProxyProcess, start_proxy

@@ -41,8 +41,8 @@ from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.dev.services import NatsServer
+from buffered_store.model.records import Message, RunRecord
 from buffered_store.stores.memory import InMemoryThreadRunStore
-from buffered_store.threadrun.records import Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from .processes import WalMonitor

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from buffered_store.config import BufferedStoreConfig
+from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.stores.postgres import PostgresThreadRunStore
-from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
 from .flush import LAG_METHOD, backlog_figures, flush_lag, flusher_figures

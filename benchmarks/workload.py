@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import Message, RunRecord, RunStatus
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import Message, RunRecord, RunStatus
 
 from .measure import LatencyLog
 

@@ -29,8 +29,8 @@ from buffered_store.errors import (
     WalFullError,
     WalUnavailableError,
 )
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import (
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import (
     CheckpointReceipt,
     Message,
     RunRecord,

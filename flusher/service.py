@@ -36,10 +36,10 @@ from buffered_store.errors import (
     WalUnavailableError,
 )
 from buffered_store.metrics_core import HistogramSnapshot
+from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.nats import NatsWal
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
-from buffered_store.threadrun.protocol import ThreadRunStore
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.frontends import confirm_front_end

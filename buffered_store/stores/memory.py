@@ -23,7 +23,10 @@ import orjson
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.errors import CorruptEntryError, StoreClosedError, StoreError, ValidationError
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     CheckpointInput,
     build_checkpoint_entry,
     build_delete_entry,
@@ -31,17 +34,16 @@ from buffered_store.threadrun.checkpointing import (
     run_owned_elsewhere,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.messages import decode_message
-from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.threadrun.records import (
+from buffered_store.model.messages import decode_message
+from buffered_store.model.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.model.records import (
     CheckpointReceipt,
     Message,
     RunRecord,
     RunStatus,
     Thread,
 )
-from buffered_store.threadrun.target import (
+from buffered_store.model.target import (
     StoredThread,
     VersionedRun,
     run_sort_key,

@@ -40,6 +40,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
 from buffered_store.errors import ConfigError, ConflictError, StoreError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
+    CheckpointInput,
+    build_checkpoint_entry,
+    build_delete_entry,
+    run_owned_elsewhere,
+    validate_checkpoint,
+)
+from buffered_store.model.planning import coalesce
+from buffered_store.model.records import CheckpointReceipt, Message, RunRecord, Thread
 from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
@@ -48,16 +60,6 @@ from buffered_store.stores.postgres_compiled import StatementCompiler
 from buffered_store.stores.postgres_errors import DbFailure, retry_in_place, sqlstate_of
 from buffered_store.stores.postgres_pipeline import PipelineConnection
 from buffered_store.stores.postgres_reads import PostgresReads, failure_of
-from buffered_store.threadrun.checkpointing import (
-    CheckpointInput,
-    build_checkpoint_entry,
-    build_delete_entry,
-    run_owned_elsewhere,
-    validate_checkpoint,
-)
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.planning import coalesce
-from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord, Thread
 
 __all__ = ["PostgresThreadRunStore"]
 

@@ -32,11 +32,13 @@ from sqlalchemy.sql import ClauseElement
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import StoreError, ValidationError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import run_owned_elsewhere
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres_compiled import StatementCompiler
-from buffered_store.threadrun.checkpointing import run_owned_elsewhere
-from buffered_store.threadrun.entry import WalEntry
 
 __all__ = [
     "BEGIN",

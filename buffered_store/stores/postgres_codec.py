@@ -22,10 +22,12 @@ from sqlalchemy.engine import Row
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import check_id
 from buffered_store.errors import CorruptEntryError, StoreError, ValidationError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.model.records import RunRecord, Thread
 from buffered_store.stores.postgres_sql import bind, write_statement
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.threadrun.records import RunRecord, Thread
 
 # -- values ------------------------------------------------------------------------------
 

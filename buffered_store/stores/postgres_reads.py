@@ -25,13 +25,13 @@ from buffered_store.errors import (
     StoreError,
     ValidationError,
 )
+from buffered_store.model.checkpointing import check_page
+from buffered_store.model.records import Message, RunRecord, RunStatus, Thread
+from buffered_store.model.target import StoredThread, VersionedRun
 from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
-from buffered_store.threadrun.checkpointing import check_page
-from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
-from buffered_store.threadrun.target import StoredThread, VersionedRun
 
 __all__ = ["PostgresReads", "failure_of", "translate_error"]
 

@@ -33,10 +33,10 @@ from datetime import datetime
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.ids import utcnow
+from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.testing.jetstream import DEFAULT_MAX_PAYLOAD, MemoryJetStream
 from buffered_store.testing.stores import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.testing.wal import MemoryBucket, MemoryDelivered, MemoryDelivery, MemoryWal
-from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
 __all__ = [

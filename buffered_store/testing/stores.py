@@ -24,16 +24,18 @@ from typing import Any, Protocol, runtime_checkable
 
 from buffered_store.engine.flushing import ApplyOutcome
 from buffered_store.errors import DatabaseUnavailableError
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import (
     CheckpointReceipt,
     Message,
     RunRecord,
     RunStatus,
     Thread,
 )
-from buffered_store.threadrun.target import FlushTarget, StoredThread, VersionedRun
+from buffered_store.model.target import FlushTarget, StoredThread, VersionedRun
 
 __all__ = ["FaultyFlushTarget", "InnerStore", "make_messages", "make_run"]
 

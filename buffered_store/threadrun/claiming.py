@@ -16,9 +16,14 @@ from buffered_store.backoff import Backoff
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.ids import utcnow
 from buffered_store.errors import ConflictError, WalUnavailableError
-from buffered_store.threadrun.checkpointing import run_owned_elsewhere
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import run_owned_elsewhere
 from buffered_store.threadrun.claims import decode_run_claim, encode_run_claim, run_key
-from buffered_store.threadrun.entry import HotRecord, WalEntry
+from buffered_store.threadrun.entry import (
+    HotRecord,
+)
 from buffered_store.threadrun.overlay import Overlay
 
 

@@ -41,12 +41,18 @@ from buffered_store.errors import (
     DatabaseUnavailableError,
     StoreError,
 )
-from buffered_store.threadrun.entry import EntryKind, HotRecord, WalEntry
-from buffered_store.threadrun.messages import decode_message, encode_message
-from buffered_store.threadrun.planning import PlanStatus, ThreadChange, coalesce, plan_entries
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import RunRecord, RunStatus
-from buffered_store.threadrun.target import StoredThread, VersionedRun
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.messages import decode_message, encode_message
+from buffered_store.model.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import RunRecord, RunStatus
+from buffered_store.model.target import StoredThread, VersionedRun
+from buffered_store.threadrun.entry import (
+    HotRecord,
+)
 
 if TYPE_CHECKING:
     from buffered_store.engine.threadlog import ThreadLog

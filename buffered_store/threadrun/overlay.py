@@ -19,17 +19,24 @@ from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id
 from buffered_store.engine.pending import PendingThread
 from buffered_store.errors import BackendUnavailableError
-from buffered_store.threadrun.checkpointing import check_page
-from buffered_store.threadrun.claims import decode_run_claim, run_key
-from buffered_store.threadrun.entry import EntryKind, HotRecord, WalEntry, messages_of
-from buffered_store.threadrun.planning import ThreadView, fold
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
-from buffered_store.threadrun.target import (
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.checkpointing import check_page
+from buffered_store.model.planning import ThreadView, fold
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import Message, RunRecord, RunStatus, Thread
+from buffered_store.model.target import (
     FlushTarget,
     StoredThread,
     run_sort_key,
     thread_sort_key,
+)
+from buffered_store.threadrun.claims import decode_run_claim, run_key
+from buffered_store.threadrun.entry import (
+    HotRecord,
+    messages_of,
 )
 
 Versions = dict[str, tuple[RunRecord, int]]

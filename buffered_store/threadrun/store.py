@@ -39,34 +39,36 @@ from buffered_store.errors import (
     WalUnavailableError,
 )
 from buffered_store.metrics_core import CHECKPOINT_BUCKETS_S, Histogram, HistogramSnapshot
-from buffered_store.nats import NatsWal
-from buffered_store.opening import Opening
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.claiming import RunClaims
-from buffered_store.threadrun.entry import (
-    FORMAT,
-    HotRecord,
-    WalEntry,
-    encode_entry,
-    seeded_hot,
-)
-from buffered_store.threadrun.messages import MessageSnapshot
-from buffered_store.threadrun.overlay import Overlay
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import (
+from buffered_store.model.messages import MessageSnapshot
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import (
     CheckpointReceipt,
     Message,
     RunRecord,
     RunStatus,
     Thread,
 )
-from buffered_store.threadrun.target import (
+from buffered_store.model.target import (
     FlushTarget,
 )
+from buffered_store.nats import NatsWal
+from buffered_store.opening import Opening
+from buffered_store.threadrun.claiming import RunClaims
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    HotRecord,
+    encode_entry,
+    seeded_hot,
+)
+from buffered_store.threadrun.overlay import Overlay
 
 log = logging.getLogger("buffered_store.threadrun.store")
 

@@ -22,14 +22,20 @@ import pytest
 
 from buffered_store import Message, RunRecord, RunStatus, Thread, ThreadRunStore
 from buffered_store.engine.flushing import ApplyStatus
-from buffered_store.testing import InnerStore, make_messages, make_run
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import WalEntry, decode_entry, encode_entry
-from buffered_store.threadrun.target import FlushTarget
+from buffered_store.model.target import FlushTarget
+from buffered_store.testing import InnerStore, make_messages, make_run
+from buffered_store.threadrun.entry import (
+    decode_entry,
+    encode_entry,
+)
 
 from .helpers import T0, fresh_id
 

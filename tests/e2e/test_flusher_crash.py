@@ -28,9 +28,9 @@ import uuid
 import pytest
 
 from buffered_store.engine.threadlog import ThreadLog
+from buffered_store.model.records import Message, RunRecord
 from buffered_store.testing import InnerStore, make_run
 from buffered_store.threadrun.entry import FORMAT
-from buffered_store.threadrun.records import Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.e2e.conftest import child_env
 from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory

@@ -18,8 +18,10 @@ from buffered_store.cli.store import collect_status
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.flushing import ApplyOutcome
 from buffered_store.errors import FlushTimeoutError, StoreError
+from buffered_store.model.changes import (
+    WalEntry,
+)
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_run
-from buffered_store.threadrun.entry import WalEntry
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import ConfigFactory, jetstream
 

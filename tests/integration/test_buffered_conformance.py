@@ -32,10 +32,10 @@ import psycopg
 import pytest
 
 from buffered_store.config import BufferedStoreConfig, ReadConsistency
+from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import InnerStore
-from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.conformance.flushed import FlushedWrites
 from tests.conformance.suite import ThreadRunStoreContract

@@ -16,10 +16,15 @@ import pytest
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import DatabaseUnavailableError, FlushTimeoutError, StoreError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.records import Message, RunRecord
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.entry import FORMAT, WalEntry
-from buffered_store.threadrun.records import Message, RunRecord
+from buffered_store.threadrun.entry import (
+    FORMAT,
+)
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import StoreFactory
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 
 from buffered_store.config import ReadConsistency
+from buffered_store.model.records import RunStatus
 from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.records import RunStatus
 from tests.integration.conftest import InnerPair, StoreFactory
 
 

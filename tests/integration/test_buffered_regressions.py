@@ -21,12 +21,12 @@ from buffered_store.errors import (
     RunOwnershipError,
     WalUnavailableError,
 )
+from buffered_store.model.records import CheckpointReceipt
+from buffered_store.model.target import StoredThread
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT
-from buffered_store.threadrun.records import CheckpointReceipt
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from buffered_store.threadrun.target import StoredThread
 from tests.integration.conftest import InnerPair, StoreFactory, SubjectCounter
 
 

@@ -24,9 +24,16 @@ from buffered_store.errors import (
     ValidationError,
     WalUnavailableError,
 )
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.entry import FORMAT, EntryKind, WalEntry, encode_entry
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    encode_entry,
+)
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter, jetstream
 
@@ -172,7 +179,7 @@ async def test_wrapping_a_store_that_already_holds_the_thread_continues_its_seqs
 
 def encode_entry_of_messages(thread: str, count: int) -> bytes:
     """Wire size reference: an entry carrying `count` whole messages."""
-    from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
+    from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 
     call = validate_checkpoint(thread, make_messages(count), make_run(thread), None)
     entry = build_checkpoint_entry(call, previous=None, previous_messages=None, seq=1, now=utcnow())

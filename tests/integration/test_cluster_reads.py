@@ -20,10 +20,10 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.dev.cluster import NatsCluster
 from buffered_store.engine.keys import hot_key
 from buffered_store.errors import WalUnavailableError
+from buffered_store.model.records import Message
 from buffered_store.nats import NatsWal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import make_run
-from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.integration.conftest import jetstream, unique_names
 

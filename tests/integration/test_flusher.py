@@ -33,22 +33,24 @@ from buffered_store.engine.ids import MAX_ID_BYTES, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import WalUnavailableError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.model.protocol import ThreadRunStore
+from buffered_store.model.records import Message, RunRecord, Thread
+from buffered_store.model.target import FlushTarget
 from buffered_store.nats import NatsWal
 from buffered_store.nats import wal as nats_wal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import (
     FORMAT,
     HotRecord,
-    WalEntry,
     advance_hot,
     encode_entry,
     encode_hot,
 )
-from buffered_store.threadrun.protocol import ThreadRunStore
-from buffered_store.threadrun.records import Message, RunRecord, Thread
-from buffered_store.threadrun.target import FlushTarget
 from flusher import Flusher, FlusherConfig
 from flusher.quarantine import QuarantineKind, list_quarantine, replay
 from tests.integration.conftest import ConfigFactory, PostgresFactory, jetstream

@@ -14,12 +14,14 @@ from sqlalchemy import event
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.nats import NatsWal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.stores.postgres_pipeline import PipelineConnection
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import WalEntry
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import ConfigFactory
 from tests.integration.test_flusher import (

@@ -59,9 +59,9 @@ from buffered_store.errors import (
     StoreError,
     WalUnavailableError,
 )
+from buffered_store.model.records import CheckpointReceipt, Message, RunRecord
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
-from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import delete_wal_objects, unique_names

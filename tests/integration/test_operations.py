@@ -32,9 +32,9 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.dev.services import Services
 from buffered_store.logs import JsonFormatter, TextFormatter, ThreadIdMode
 from buffered_store.metrics import StatsCollector, metric_names, serve_metrics
+from buffered_store.model.records import Message
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import FaultyFlushTarget, make_run
-from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import ConfigFactory, PostgresFactory

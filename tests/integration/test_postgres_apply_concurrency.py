@@ -17,9 +17,11 @@ import pytest
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import ConflictError
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.messages import decode_message
 from buffered_store.stores.postgres import PostgresThreadRunStore
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.messages import decode_message
 from tests.integration.conftest import PostgresFactory
 from tests.integration.test_postgres_store import Chain, msgs
 

@@ -22,6 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from buffered_store.engine import ids
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import MAX_ID_BYTES, utcnow
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
+    build_checkpoint_entry,
+    build_delete_entry,
+    validate_checkpoint,
+)
+from buffered_store.model.records import Message, RunRecord, RunStatus, Thread
 from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
@@ -29,13 +39,6 @@ from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.postgres_compiled import StatementCompiler
 from buffered_store.stores.postgres_pipeline import PipelineConnection
-from buffered_store.threadrun.checkpointing import (
-    build_checkpoint_entry,
-    build_delete_entry,
-    validate_checkpoint,
-)
-from buffered_store.threadrun.entry import EntryKind, WalEntry
-from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
 from tests.integration.test_postgres_store import Chain, libpq_url, msgs, query, run_of
 
 # The harness is installed as `buffered_store.benchmarks`; mypy checks the repository's

@@ -22,17 +22,20 @@ from buffered_store.errors import (
     StoreClosedError,
     ValidationError,
 )
-from buffered_store.stores import postgres_sql as sql
-from buffered_store.stores.postgres import PostgresThreadRunStore
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import EntryKind, WalEntry
-from buffered_store.threadrun.messages import decode_message
-from buffered_store.threadrun.records import Message, RunRecord, RunStatus, Thread
-from buffered_store.threadrun.target import FlushTarget
+from buffered_store.model.messages import decode_message
+from buffered_store.model.records import Message, RunRecord, RunStatus, Thread
+from buffered_store.model.target import FlushTarget
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres import PostgresThreadRunStore
 
 # -- fixtures and helpers -------------------------------------------------------------
 

@@ -22,9 +22,9 @@ import pytest
 
 from buffered_store.engine.keys import encode_token
 from buffered_store.errors import WalEntriesExpiredError, WalFullError
+from buffered_store.model.records import Message
 from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_run
-from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.integration.conftest import StoreFactory, jetstream

@@ -13,6 +13,9 @@ alone, and each folder should depend only on what its name promises:
 - LangGraph (and langchain-core) is imported by `buffered_store.langgraph` alone, the
   LangGraph front-end; the two front-ends (`threadrun`, `langgraph`) never import each
   other, and the engine imports neither.
+- `buffered_store.model` (records, the `ThreadRunStore` protocol, messages, the change a
+  checkpoint makes, coalescing, the `FlushTarget` seam) is pure and shared: the inner
+  stores import it and never the thread-run front-end, whose WAL codec is its own.
 - The front-ends get the engine assembled (`engine.buffer.WriteBuffer`: writer, thread
   log, pending index, locks, flushing, closing), never build it from its parts.
 - No module imports another module's private (``_``-prefixed) names.
@@ -161,6 +164,33 @@ RULES = {
             "buffered_store.engine.threadlog.flush_thread",
             "buffered_store.engine.threadlog.force_flush",
             "buffered_store.engine.threadlog.force_flush_all",
+        ),
+        (),
+    ),
+    "the inner stores never import the thread-run front-end (they share its model)": (
+        ("buffered_store.stores",),
+        ("buffered_store.threadrun",),
+        (),
+    ),
+    "the thread-run model is pure: no front-end, store, adapter or client library": (
+        ("buffered_store.model",),
+        (
+            "buffered_store.threadrun",
+            "buffered_store.langgraph",
+            "buffered_store.stores",
+            "buffered_store.nats",
+            "buffered_store.spark",
+            "buffered_store.cli",
+            "buffered_store.dev",
+            "buffered_store.testing",
+            "flusher",
+            "nats",
+            "sqlalchemy",
+            "alembic",
+            "psycopg",
+            "pyspark",
+            "langgraph",
+            "langchain_core",
         ),
         (),
     ),

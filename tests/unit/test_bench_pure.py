@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.stores.memory import InMemoryThreadRunStore
-from buffered_store.threadrun.protocol import ThreadRunStore
 
 # The harness is installed as `buffered_store.benchmarks`; mypy checks the repository's
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).

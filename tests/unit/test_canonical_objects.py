@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffered_store.threadrun.messages import canonical_objects
+from buffered_store.model.messages import canonical_objects
 
 # Strings rich in the characters around the cut (``},{``), nested objects and lists.
 text = st.text(alphabet=st.sampled_from(list('},{[]":\\ab\x00é')), max_size=8)

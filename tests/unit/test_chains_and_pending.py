@@ -13,19 +13,24 @@ from buffered_store.engine.entries import chain_after
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.pending import Floor, HotAt, decode_floor, encode_floor, plan_floor
 from buffered_store.errors import CorruptEntryError
-from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
+from buffered_store.model.messages import encode_messages
+from buffered_store.model.planning import PlanStatus, ThreadView, fold, plan_entries
+from buffered_store.model.records import RunRecord
+from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.claims import decode_run_claim, encode_run_claim
 from buffered_store.threadrun.entry import (
     HOT_RUN_MAX_BYTES,
     RUNS_WINDOW,
-    EntryKind,
     HotRecord,
-    WalEntry,
     advance_hot,
     decode_entry,
     decode_hot,
@@ -35,9 +40,6 @@ from buffered_store.threadrun.entry import (
     run_json,
     seeded_hot,
 )
-from buffered_store.threadrun.messages import encode_messages
-from buffered_store.threadrun.planning import PlanStatus, ThreadView, fold, plan_entries
-from buffered_store.threadrun.records import RunRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

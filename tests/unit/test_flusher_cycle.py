@@ -19,10 +19,17 @@ from buffered_store.errors import (
     WalEntriesMissingError,
     WalUnavailableError,
 )
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry, encode_entry
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    HotRecord,
+    encode_entry,
+)
 from flusher.config import FlusherConfig
 from flusher.cycle import CycleRunner
 from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord

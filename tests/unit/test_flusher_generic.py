@@ -13,17 +13,19 @@ import pytest
 
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.errors import DatabaseUnavailableError, ValidationError
-from buffered_store.stores.memory import InMemoryThreadRunStore
-from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import WalEntry
+from buffered_store.model.records import CheckpointReceipt, Message, RunRecord, Thread
+from buffered_store.model.target import FlushTarget
+from buffered_store.stores.memory import InMemoryThreadRunStore
+from buffered_store.testing import make_messages, make_run
 from buffered_store.threadrun.generic import GenericFlushTarget, MemoryWatermarks
-from buffered_store.threadrun.records import CheckpointReceipt, Message, RunRecord, Thread
-from buffered_store.threadrun.target import FlushTarget
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

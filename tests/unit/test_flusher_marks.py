@@ -12,7 +12,13 @@ from buffered_store.engine.keys import flushed_key
 from buffered_store.engine.ports import KvValue, Wal
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import ConflictError
-from buffered_store.threadrun.entry import FORMAT, HotRecord, WalEntry
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    HotRecord,
+)
 
 
 class FakeKv:

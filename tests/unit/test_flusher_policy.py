@@ -11,9 +11,15 @@ from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.keys import wal_subject
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.entry import FORMAT, WalEntry, encode_entry
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    encode_entry,
+)
 from flusher.policy import (
     HeldSeq,
     Isolation,

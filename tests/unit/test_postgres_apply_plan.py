@@ -11,17 +11,19 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import utcnow
-from buffered_store.stores import postgres_apply as plan
-from buffered_store.stores import postgres_sql as sql
-from buffered_store.stores.postgres_codec import ThreadRow
-from buffered_store.stores.postgres_compiled import StatementCompiler, compile_statement
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.records import RunRecord, Thread
+from buffered_store.model.records import RunRecord, Thread
+from buffered_store.stores import postgres_apply as plan
+from buffered_store.stores import postgres_sql as sql
+from buffered_store.stores.postgres_codec import ThreadRow
+from buffered_store.stores.postgres_compiled import StatementCompiler, compile_statement
 
 # The dialect of the store's engine (creating an engine opens no connection).
 DIALECT = create_async_engine("postgresql+psycopg://localhost/none").dialect

@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 
 from buffered_store.engine.ids import utcnow
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
+from buffered_store.model.planning import coalesce
+from buffered_store.model.records import RunRecord
 from buffered_store.stores import postgres_codec as codec
-from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.threadrun.planning import coalesce
-from buffered_store.threadrun.records import RunRecord
 
 TRICKY: list[dict[str, Any]] = [
     {"role": "user", "content": 'quotes " and \\ backslashes, {braces}, "commas", NULL'},

@@ -1,4 +1,4 @@
-"""`buffered_store.threadrun.checkpointing`: validation and the entry (summary + delta)."""
+"""`buffered_store.model.checkpointing`: validation and the entry (summary + delta)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from typing import Any
 import pytest
 
 from buffered_store.errors import ValidationError
-from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    EntryKind,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     check_page,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import EntryKind
-from buffered_store.threadrun.records import RunRecord, Thread
+from buffered_store.model.records import RunRecord, Thread
+from buffered_store.testing import make_messages, make_run
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=5)

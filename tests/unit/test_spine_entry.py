@@ -10,10 +10,14 @@ import pytest
 
 from buffered_store.engine.entries import WIRE_VERSION, FlushedMark, decode_flushed, encode_flushed
 from buffered_store.errors import CorruptEntryError
-from buffered_store.threadrun.entry import (
+from buffered_store.model.changes import (
     EntryKind,
-    HotRecord,
     WalEntry,
+)
+from buffered_store.model.messages import encode_message
+from buffered_store.model.records import RunRecord, RunStatus, Thread
+from buffered_store.threadrun.entry import (
+    HotRecord,
     advance_hot,
     decode_entry,
     decode_hot,
@@ -21,8 +25,6 @@ from buffered_store.threadrun.entry import (
     encode_hot,
     messages_of,
 )
-from buffered_store.threadrun.messages import encode_message
-from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

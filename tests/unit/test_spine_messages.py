@@ -1,4 +1,4 @@
-"""`buffered_store.threadrun.messages`: validation, canonical bytes and snapshot deltas."""
+"""`buffered_store.model.messages`: validation, canonical bytes and snapshot deltas."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import buffered_store.threadrun.messages as messages_module
+import buffered_store.model.messages as messages_module
 from buffered_store.errors import ValidationError
-from buffered_store.threadrun.messages import (
+from buffered_store.model.messages import (
     RECHECKED_TAIL,
     MessageSnapshot,
     SnapshotDelta,

@@ -1,4 +1,4 @@
-"""`buffered_store.threadrun.planning`: which entries apply, their coalesced change, and `fold`."""
+"""`buffered_store.model.planning`: which entries apply, their coalesced change, and `fold`."""
 
 from __future__ import annotations
 
@@ -8,16 +8,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from buffered_store.errors import CorruptEntryError
-from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.checkpointing import (
+from buffered_store.model.changes import (
+    WalEntry,
+)
+from buffered_store.model.checkpointing import (
     build_checkpoint_entry,
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.threadrun.entry import WalEntry
-from buffered_store.threadrun.messages import apply_delta
-from buffered_store.threadrun.planning import PlanStatus, ThreadView, coalesce, fold, plan_entries
-from buffered_store.threadrun.records import Message, RunRecord, Thread
+from buffered_store.model.messages import apply_delta
+from buffered_store.model.planning import PlanStatus, ThreadView, coalesce, fold, plan_entries
+from buffered_store.model.records import Message, RunRecord, Thread
+from buffered_store.testing import make_messages, make_run
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""`buffered_store.threadrun.records`: self-validating records and their JSON forms."""
+"""`buffered_store.model.records`: self-validating records and their JSON forms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_aware, check_id
 from buffered_store.errors import ValidationError
-from buffered_store.threadrun.records import RunRecord, RunStatus, Thread
+from buffered_store.model.records import RunRecord, RunStatus, Thread
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,8 +7,15 @@ from datetime import UTC, datetime
 
 from buffered_store.engine.cursors import Cursor, CursorCache, ThreadLocks
 from buffered_store.engine.hotupdates import merged_recent
-from buffered_store.threadrun.entry import FORMAT, EntryKind, HotRecord, WalEntry
-from buffered_store.threadrun.records import Thread
+from buffered_store.model.changes import (
+    EntryKind,
+    WalEntry,
+)
+from buffered_store.model.records import Thread
+from buffered_store.threadrun.entry import (
+    FORMAT,
+    HotRecord,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

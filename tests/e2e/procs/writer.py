@@ -18,9 +18,9 @@ import sys
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.errors import StoreError
+from buffered_store.model.records import Message
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.testing import make_run
-from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
 
