@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         thread_slots,
     )
     from benchmarks.scenarios.langgraph_report import compare, judge
-    from benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
+    from benchmarks.scenarios.spark_split import SPLIT_STEPS, cost_split
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.sides import sample_loop
     from benchmarks.workload import Workload, make_threads, seed, write_step
@@ -52,7 +52,7 @@ else:
         thread_slots,
     )
     from buffered_store.benchmarks.scenarios.langgraph_report import compare, judge
-    from buffered_store.benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
+    from buffered_store.benchmarks.scenarios.spark_split import SPLIT_STEPS, cost_split
     from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
     from buffered_store.benchmarks.sides import sample_loop
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
