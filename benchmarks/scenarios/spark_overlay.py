@@ -38,7 +38,16 @@ from ..targets import ratio, target
 from ..workload import ThreadState, Workload, make_threads, seed
 from . import Outcome
 from .common import api_ignored
-from .spark_split import cost_split, floor_why, split_once, split_section
+from .spark_split import (
+    CPU_PARTS,
+    cost_split,
+    cpu_medians,
+    cpu_meter,
+    cpu_used,
+    floor_why,
+    split_once,
+    split_section,
+)
 
 DESCRIPTION = (
     "2,000 threads of 500 messages (1M message rows, ~120-byte messages) are written "
@@ -155,6 +164,7 @@ async def run(bench: Bench) -> Outcome:
         "tails": {},
     }
     figures["cost_split"] = cost_split(timings.get("split", []), plain)
+    figures["cpu"] = {key: cpu_medians(timings[key]) for key in keys}
     targets = []
     for kind, tail in TAILS.items():
         key = f"overlay_{kind}"
@@ -225,6 +235,38 @@ async def run(bench: Bench) -> Outcome:
     )
 
 
+def labels_of_reads() -> dict[str, str]:
+    """The report's name of each read, by key."""
+    return {"plain": "plain JDBC read", **{f"overlay_{k}": t["label"] for k, t in TAILS.items()}}
+
+
+def _cpu_table(cpu: dict[str, dict[str, float | None]], labels: dict[str, str]) -> list[str]:
+    """Median CPU seconds of each read, per process group, and the total over plain's."""
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    plain_total = cpu["plain"]["total_s"]
+    lines = [
+        "CPU seconds per read (medians; "
+        + "; ".join(f"{part[:-2]}: {what}" for part, what in CPU_PARTS.items())
+        + "). On two cores, what a read adds in CPU is what it adds in time once both are "
+        "busy.",
+        "",
+        "| read | spark | postgres | nats | total | total x plain |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, label in labels.items():
+        c = cpu[key]
+        total = c["total_s"]
+        times = None if total is None or not plain_total else total / plain_total
+        lines.append(
+            f"| {label} | {cell(c['spark_s'])} | {cell(c['postgres_s'])} | {cell(c['nats_s'])} "
+            f"| {cell(total)} | {cell(times)} |"
+        )
+    return lines
+
+
 def _mb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 1e6:,.1f} MB"
 
@@ -257,14 +299,14 @@ def _reads_section(
             f"{f['median_read_tables_s']:.2f} | {f['median_scan_s']:.2f} | {ratio_text} | "
             f"at most {tail['limit']}x |"
         )
+    lines += ["", *_cpu_table(figures["cpu"], labels_of_reads())]
     lines += [
         "",
         "| read | run | seconds | of which read_tables() (WAL tail for RYW) | of which the "
         "JDBC scan + aggregation | rows |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    labels = {"plain": "plain JDBC read", **{f"overlay_{k}": t["label"] for k, t in TAILS.items()}}
-    for key, label in labels.items():
+    for key, label in labels_of_reads().items():
         for i, t in enumerate(timings[key], 1):
             lines.append(
                 f"| {label} | {i} | {t['seconds']:.2f} | {t['prepare_seconds']:.2f} | "
@@ -411,13 +453,17 @@ def _spark_reads(
         for kind in TAILS
     }
 
+    meter = cpu_meter(bench.pids())
+
     def once(kind: str, mode: str) -> dict[str, Any]:
+        cpu_before = meter()
         start = time.perf_counter()
         messages = read_tables(spark, sources[kind], mode).messages
         prepared = time.perf_counter()  # the WAL tail is read here (RYW); JDBC runs below
         row = _aggregate(messages)
         done = time.perf_counter()
         return {
+            "cpu": cpu_used(cpu_before, meter()),
             "seconds": done - start,
             "prepare_seconds": prepared - start,
             "action_seconds": done - prepared,

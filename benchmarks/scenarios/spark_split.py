@@ -3,13 +3,83 @@ its own, and the floor no implementation on this stack goes below."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import psutil
 
 from ..measure import Laps
 from ..targets import ratio
+
+CPU_PARTS = {
+    "spark_s": "this process with its children: the Spark driver, its JVM, the Python workers",
+    "postgres_s": "the Postgres server started by the run, its backends included",
+    "nats_s": "the nats-server started by the run",
+}
+"""Where a read's CPU seconds are counted (`cpu_meter`)."""
+
+
+def _tree_cpu(pid: int, reaped: bool) -> float:
+    """CPU seconds of a process and its live descendants; with `reaped`, also of its
+    children that exited and were waited for (Postgres's finished backends)."""
+    try:
+        proc = psutil.Process(pid)
+        times = proc.cpu_times()
+        total = float(times.user + times.system)
+        if reaped:
+            total += times.children_user + times.children_system
+        for child in proc.children(recursive=True):
+            try:
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+            except psutil.Error:
+                continue
+        return total
+    except psutil.Error:
+        return float("nan")
+
+
+def cpu_meter(pids: Mapping[str, int | None]) -> Callable[[], dict[str, float | None]]:
+    """A function giving the CPU seconds used so far by each of `CPU_PARTS` (None when the
+    run did not start that server): differences of two calls are a read's CPU. About
+    right only: a backend that exited but was not yet waited for is missed."""
+
+    def sample() -> dict[str, float | None]:
+        nats, postgres = pids.get("nats_server"), pids.get("postgres")
+        return {
+            "spark_s": _tree_cpu(os.getpid(), False),
+            "postgres_s": None if postgres is None else _tree_cpu(postgres, True),
+            "nats_s": None if nats is None else _tree_cpu(nats, False),
+        }
+
+    return sample
+
+
+def cpu_used(
+    before: Mapping[str, float | None], after: Mapping[str, float | None]
+) -> dict[str, float | None]:
+    """The CPU seconds between two `cpu_meter` samples, per part."""
+    out: dict[str, float | None] = {}
+    for part in CPU_PARTS:
+        a, b = before.get(part), after.get(part)
+        out[part] = None if a is None or b is None else b - a
+    return out
+
+
+def cpu_medians(reads: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median CPU seconds per part over `reads` (each with a ``cpu`` from `cpu_used`), and
+    their sum (``total_s``, None unless every part was measured)."""
+    out: dict[str, float | None] = {}
+    for part in CPU_PARTS:
+        values = [r["cpu"][part] for r in reads if r.get("cpu", {}).get(part) is not None]
+        out[part] = float(statistics.median(values)) if values else None
+    parts = [out[p] for p in CPU_PARTS]
+    out["total_s"] = None if any(v is None for v in parts) else sum(v for v in parts if v)
+    return out
+
 
 SPLIT_STEPS = {
     "bounds_s": "WAL tail: its bounds from the flusher consumer, a connection of their own (floor)",
