@@ -10,6 +10,7 @@ tests fail (never skip).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -133,15 +134,17 @@ async def test_jobs_on_a_standalone_cluster_equal_local_mode(
     for name, value in wal_names(env).items():
         monkeypatch.setenv(name, value)
     local_lines: list[str] = []
-    options = {k: args[k] for k in ("database_url", "nats_url", "schema")}
-    stats = JobOptions(job="run-stats", partitions=4, **options)
+    stats = JobOptions(
+        job="run-stats",
+        database_url=env.database_url,
+        nats_url=env.config.nats_url,
+        schema=env.schema,
+        partitions=4,
+    )
     run_job(stats, spark=spark, echo=local_lines.append)
     local_export = str(tmp_path / "local")
-    run_job(
-        JobOptions(job="export", partitions=4, output=local_export, **options),
-        spark=spark,
-        echo=local_lines.append,
-    )
+    export = dataclasses.replace(stats, job="export", output=local_export)
+    run_job(export, spark=spark, echo=local_lines.append)
     assert cluster["output"] == [line.replace(local_export, args["export"]) for line in local_lines]
     assert cluster["output"][1].endswith("(9 runs)")  # thread-2 and its run are deleted
     local_stats = format_run_stats(run_stats(spark, env.source).collect())
