@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from buffered_store.dev.services import DevServiceError, pick_free_port
 from buffered_store.dev.spark_standalone import SparkStandalone
-from buffered_store.spark.jobs import EXPORTED, JobOptions, format_run_stats, run_job, run_stats
+from buffered_store.spark.jobs import EXPORTED, JobOptions, run_job
 from tests.spark.conftest import StoreEnv, spark_view, store_view
 from tests.spark.test_jobs import write_workload
 
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 BUFSTORE = Path(sys.executable).with_name("bufstore")
 
 CLUSTER_JOBS = """
-import json, sys
+import json, sys, time
 from buffered_store.spark.jobs import JobOptions, format_run_stats, job_session, run_job, run_stats
 from buffered_store.spark.overlay import StoreSource
 
@@ -42,17 +42,22 @@ args = json.loads(sys.argv[1])
 common = {k: args[k] for k in ("database_url", "nats_url", "schema", "master")}
 stats = JobOptions(job="run-stats", partitions=4, **common)
 export = JobOptions(job="export", partitions=4, output=args["export"], **common)
+began = time.perf_counter()
 spark = job_session(stats)  # the session `bufstore spark-job` starts
 try:
+    timings = {"session": time.perf_counter() - began}
     lines = []
     run_job(stats, spark=spark, echo=lines.append)
+    timings["run-stats"] = time.perf_counter() - began - sum(timings.values())
     run_job(export, spark=spark, echo=lines.append)
+    timings["export"] = time.perf_counter() - began - sum(timings.values())
     # The WAL tail read on the executors (the threadlog data source), not by the driver.
     source = StoreSource.from_urls(
         args["database_url"], args["nats_url"], schema=args["schema"], partitions=4,
         driver_tail_max_entries=0,
     )
     on_executors = format_run_stats(run_stats(spark, source).collect())
+    timings["run-stats, tail on executors"] = time.perf_counter() - began - sum(timings.values())
     tracker = spark.sparkContext._jsc.sc().statusTracker()
     print(json.dumps({
         "output": lines,
@@ -60,6 +65,7 @@ try:
         "master": spark.sparkContext.master,
         "driver_host": spark.conf.get("spark.driver.host"),
         "block_managers": [f"{e.host()}:{e.port()}" for e in tracker.getExecutorInfos()],
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},  # for whoever reads logs
     }))
 finally:
     spark.stop()
@@ -119,21 +125,18 @@ async def test_jobs_on_a_standalone_cluster_equal_local_mode(
         "master": standalone.master_url,
         "export": str(tmp_path / "cluster"),
     }
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", CLUSTER_JOBS, json.dumps(args)],
+    # The cluster application runs in a child process; local mode meanwhile here.
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CLUSTER_JOBS,
+        json.dumps(args),
         env=user_env(wal_names(env)),
-        capture_output=True,
-        text=True,
-        timeout=540,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    assert done.returncode == 0, done.stderr[-6000:]
-    cluster: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-
-    # Local mode (the suite's session), same jobs, same data.
     for name, value in wal_names(env).items():
         monkeypatch.setenv(name, value)
-    local_lines: list[str] = []
     stats = JobOptions(
         job="run-stats",
         database_url=env.database_url,
@@ -141,20 +144,31 @@ async def test_jobs_on_a_standalone_cluster_equal_local_mode(
         schema=env.schema,
         partitions=4,
     )
-    run_job(stats, spark=spark, echo=local_lines.append)
     local_export = str(tmp_path / "local")
-    export = dataclasses.replace(stats, job="export", output=local_export)
-    run_job(export, spark=spark, echo=local_lines.append)
+    local_lines: list[str] = []
+
+    def local_mode() -> None:
+        run_job(stats, spark=spark, echo=local_lines.append)
+        export = dataclasses.replace(stats, job="export", output=local_export)
+        run_job(export, spark=spark, echo=local_lines.append)
+
+    try:
+        (out, err), _ = await asyncio.wait_for(
+            asyncio.gather(child.communicate(), asyncio.to_thread(local_mode)), timeout=540
+        )
+    finally:
+        if child.returncode is None:  # timed out or local mode failed: stop it by its PID
+            child.kill()
+            await child.wait()
+    stderr = err.decode(errors="replace")
+    assert child.returncode == 0, stderr[-6000:]
+    cluster: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     assert cluster["output"] == [line.replace(local_export, args["export"]) for line in local_lines]
     assert cluster["output"][1].endswith("(9 runs)")  # thread-2 and its run are deleted
-    local_stats = format_run_stats(run_stats(spark, env.source).collect())
-    assert cluster["on_executors"] == local_stats
+    assert cluster["on_executors"] == cluster["output"][1]
 
-    def parquet(root: str) -> SimpleNamespace:
-        return SimpleNamespace(**{t: spark.read.parquet(f"{root}/{t}") for t in EXPORTED})
-
-    expected = await store_view(env.store)
-    assert spark_view(parquet(args["export"])) == spark_view(parquet(local_export)) == expected
+    exported = SimpleNamespace(**{t: spark.read.parquet(f"{args['export']}/{t}") for t in EXPORTED})
+    assert spark_view(exported) == await store_view(env.store)
 
     # It ran on the cluster, all of it on loopback, and the console stayed readable.
     assert cluster["master"] == standalone.master_url
@@ -163,8 +177,9 @@ async def test_jobs_on_a_standalone_cluster_equal_local_mode(
     hosts = {address.rsplit(":", 1)[0] for address in cluster["block_managers"]}
     assert len(cluster["block_managers"]) >= 2, cluster  # the driver and an executor
     assert hosts == {"127.0.0.1"}, cluster
-    assert "SPARK_LOCAL_IP" not in done.stderr  # Spark's "hostname resolves to..." warning
-    assert "[Stage" not in done.stderr  # no progress bars
+    print("cluster application phases (s):", cluster["timings_s"])
+    assert "SPARK_LOCAL_IP" not in stderr  # Spark's "hostname resolves to..." warning
+    assert "[Stage" not in stderr  # no progress bars
 
 
 def test_a_wrong_master_url_fails_at_once_with_one_line() -> None:
