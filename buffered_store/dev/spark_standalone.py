@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from buffered_store.backoff import Backoff
 from buffered_store.dev.services import (
     LOCALHOST,
     DevServiceError,
@@ -239,7 +240,7 @@ class SparkStandalone(ServerContext):
 
     def _wait(self, daemon: SparkDaemon, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        delay = 0.05
+        retry = Backoff(0.05, 0.5)
         while True:
             if ready():
                 return
@@ -256,8 +257,7 @@ class SparkStandalone(ServerContext):
                     f"(master {self.master_url}, web UI {self.web_url})\n--- log tail ---\n"
                     + tail_text(daemon.log_path)
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            time.sleep(retry.next_delay())
 
     def _stop(self, daemon: SparkDaemon, timeout: float) -> None:
         """SIGTERM the daemon's JVM by its PID (its shutdown hooks run), SIGKILL after
