@@ -39,7 +39,7 @@ from buffered_store.threadrun.protocol import ThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from tests.conformance.flushed import FlushedWrites
 from tests.conformance.suite import ThreadRunStoreContract
-from tests.integration.conftest import delete_wal_objects, unique_names
+from tests.plugins.stores import delete_wal_objects, unique_names
 
 VARIANTS = [
     (inner, mode)

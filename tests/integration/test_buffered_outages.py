@@ -21,7 +21,7 @@ from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import StoreFactory
+from tests.plugins.stores import StoreFactory
 
 WRITERS = 6
 OUTAGE_S = 3.0

@@ -37,7 +37,7 @@ from buffered_store.testing import FaultyFlushTarget, make_run
 from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import ConfigFactory, PostgresFactory
+from tests.plugins.stores import ConfigFactory, PostgresFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "bufstore-dashboard.json"
