@@ -21,7 +21,7 @@ from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages,
 from buffered_store.threadrun.entry import FORMAT, WalEntry
 from buffered_store.threadrun.records import Message, RunRecord
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import StoreFactory
+from tests.plugins.stores import StoreFactory
 
 
 def tid(prefix: str = "t") -> str:

@@ -27,7 +27,7 @@ from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.records import CheckpointReceipt
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from buffered_store.threadrun.target import StoredThread
-from tests.integration.conftest import InnerPair, StoreFactory, SubjectCounter
+from tests.plugins.stores import InnerPair, StoreFactory, SubjectCounter
 
 
 def tid(prefix: str = "t") -> str:

@@ -28,7 +28,7 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT, EntryKind, WalEntry, encode_entry
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter, jetstream
+from tests.plugins.stores import ConfigFactory, StoreFactory, SubjectCounter, jetstream
 
 
 def tid(prefix: str = "t") -> str:

@@ -51,7 +51,7 @@ from buffered_store.threadrun.records import Message, RunRecord, Thread
 from buffered_store.threadrun.target import FlushTarget
 from flusher import Flusher, FlusherConfig
 from flusher.quarantine import QuarantineKind, list_quarantine, replay
-from tests.integration.conftest import ConfigFactory, PostgresFactory, jetstream
+from tests.plugins.stores import ConfigFactory, PostgresFactory, jetstream
 
 FAST: dict[str, Any] = {
     "flush_interval_s": 0.05,

@@ -21,7 +21,6 @@ from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages,
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import WalEntry
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import ConfigFactory
 from tests.integration.test_flusher import (
     FAST,
     Writer,
@@ -31,6 +30,7 @@ from tests.integration.test_flusher import (
     start,
     tid,
 )
+from tests.plugins.stores import ConfigFactory
 
 
 @pytest.fixture

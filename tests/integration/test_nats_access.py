@@ -39,7 +39,7 @@ from tests.integration.access_servers import (
     make_operator,
     tls_config,
 )
-from tests.integration.conftest import unique_names
+from tests.plugins.stores import unique_names
 
 BUFSTORE = str(Path(sys.executable).with_name("bufstore"))
 GUARD_S = 60.0

@@ -20,8 +20,8 @@ from buffered_store.errors import ConflictError
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.threadrun.entry import WalEntry
 from buffered_store.threadrun.messages import decode_message
-from tests.integration.conftest import PostgresFactory
 from tests.integration.test_postgres_store import Chain, msgs
+from tests.plugins.stores import PostgresFactory
 
 ROUNDS = 25
 THREADS_PER_ROUND = 12

@@ -25,7 +25,7 @@ from buffered_store.engine.ports import KvValue
 from buffered_store.errors import WalUnavailableError
 from buffered_store.nats import NatsWal
 from buffered_store.nats.wal import ReplyInbox, until_answered
-from tests.integration.conftest import ConfigFactory, jetstream
+from tests.plugins.stores import ConfigFactory, jetstream
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ from buffered_store import (
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.ids import utcnow
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.testing.conformance import fresh_id
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.threadrun.entry import WalEntry
 from buffered_store.threadrun.target import FlushTarget
-from tests.conformance.helpers import fresh_id
 
 
 def _entries(thread_id: str, count: int) -> list[WalEntry]:
