@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from buffered_store.dev import processes
 from buffered_store.dev import services as ds
 
 
@@ -248,7 +249,7 @@ def test_pid_alive_treats_zombie_as_gone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         for _ in range(500):  # exited but not reaped yet: a zombie
-            if ds._proc_state(proc.pid) == "Z":
+            if processes.proc_state(proc.pid) == "Z":
                 break
             time.sleep(0.01)
         assert not ds.pid_alive(proc.pid)
