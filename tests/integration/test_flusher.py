@@ -436,7 +436,7 @@ async def test_two_identical_garbage_payloads_give_two_records(
 async def test_garbage_is_dropped_after_bounded_deliveries_without_a_bucket(
     writer: Writer, wal: Any, fconfig: FlusherConfig, flushers: list[Flusher]
 ) -> None:
-    config = replace(fconfig, poison_attempts=2)
+    config = fconfig.replace(poison_attempts=2)
     service = await start(flushers, InMemoryThreadRunStore(), config)
     async with jetstream(fconfig) as js:  # after start re-created it
         await js.delete_key_value(fconfig.quarantine_bucket)
