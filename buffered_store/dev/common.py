@@ -31,12 +31,14 @@ class ServiceNotManagedError(DevServiceError):
 
 
 def say(message: str) -> None:
+    """One progress line on stderr (``BUFSTORE_SERVICES_QUIET=1`` silences them)."""
     if os.environ.get("BUFSTORE_SERVICES_QUIET", "") not in ("", "0"):
         return
     print(f"[devservices] {message}", file=sys.stderr, flush=True)
 
 
 def ms_since(start: float) -> str:
+    """Milliseconds since `start` (a `time.perf_counter` reading), for progress lines."""
     return f"{(time.perf_counter() - start) * 1000:.0f} ms"
 
 

@@ -47,6 +47,7 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def child_pids(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid` (from /proc, else `pgrep -P`)."""
     if Path("/proc/self/stat").exists():
         children: list[int] = []
         for entry in Path("/proc").iterdir():
@@ -67,6 +68,7 @@ def child_pids(pid: int) -> list[int]:
 
 
 def wait_pids_gone(pids: Sequence[int], timeout: float) -> bool:
+    """Wait until none of `pids` lives; False if one still does after `timeout`."""
     deadline = time.monotonic() + timeout
     while any(pid_alive(p) for p in pids):
         if time.monotonic() > deadline:
@@ -76,6 +78,7 @@ def wait_pids_gone(pids: Sequence[int], timeout: float) -> bool:
 
 
 def signal_pid(pid: int, sig: signal.Signals) -> None:
+    """Send `sig` to `pid` (gone already is fine)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 
@@ -91,18 +94,21 @@ while that thread is inside `register` or `unregister`."""
 
 
 def register(obj: _Closable) -> None:
+    """Close `obj` at interpreter exit or on SIGTERM (see `stop_on_sigterm`)."""
     with LIVE_LOCK:
         if not any(o is obj for o in _LIVE):
             _LIVE.append(obj)
 
 
 def unregister(obj: _Closable) -> None:
+    """Forget `obj` (it was closed)."""
     with LIVE_LOCK:
         _LIVE[:] = [o for o in _LIVE if o is not obj]
 
 
 @atexit.register
 def close_all() -> None:
+    """Close every registered server, newest first (atexit, SIGTERM)."""
     with LIVE_LOCK:
         live = list(reversed(_LIVE))
     for obj in live:
