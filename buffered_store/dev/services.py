@@ -9,7 +9,10 @@ Three ways to get services (see :func:`start_services`):
 * ``BUFSTORE_SERVICES=containers``: start ``nats:2.10`` and ``postgres`` containers with
   testcontainers (needs a reachable Docker engine).
 
-Run ``python -m buffered_store.dev.services`` to start both and print their URLs.
+Run ``python -m buffered_store.dev.services`` to start both and print their URLs. Each
+kind of server lives in a module of its own (`nats_server`, `postgres_server`,
+`containers`, `cluster`), what they share in `common` and `processes`; the names they
+define that earlier versions defined here are re-exported.
 
 Processes are only ever signalled by their own PID. Binaries:
 
@@ -39,17 +42,25 @@ from buffered_store.dev.common import (
     ServiceHandle,
     ServiceNotManagedError,
     ServiceStartError,
+    http_ok,
+    ms_since,
     pick_free_port,
     pick_free_ports,
     say,
     tail_text,
 )
-from buffered_store.dev.containers import ContainerNats, ContainerPostgres
+from buffered_store.dev.containers import (
+    NATS_CONTAINER_IMAGE,
+    POSTGRES_CONTAINER_IMAGE,
+    ContainerNats,
+    ContainerPostgres,
+)
 from buffered_store.dev.nats_server import (
     NatsServer,
     build_nats_command,
     find_nats_server,
     nats_config_text,
+    nats_info_probe,
     nats_url,
 )
 from buffered_store.dev.postgres_server import (
@@ -73,6 +84,8 @@ __all__ = [
     "DEFAULT_DATABASE",
     "DEFAULT_PG_USER",
     "LOCALHOST",
+    "NATS_CONTAINER_IMAGE",
+    "POSTGRES_CONTAINER_IMAGE",
     "ContainerNats",
     "ContainerPostgres",
     "DevServiceError",
@@ -82,6 +95,7 @@ __all__ = [
     "NatsService",
     "PostgresServer",
     "PostgresService",
+    "ServerContext",
     "ServiceHandle",
     "ServiceNotManagedError",
     "ServiceStartError",
@@ -90,23 +104,29 @@ __all__ = [
     "build_postgres_options",
     "find_nats_server",
     "find_pg_bindir",
+    "http_ok",
     "jdbc_url",
     "jdbc_url_from_url",
     "main",
+    "ms_since",
     "nats_config_text",
+    "nats_info_probe",
     "nats_url",
     "pg_version_key",
     "pick_free_port",
     "pick_free_ports",
     "pid_alive",
     "postgres_url",
+    "register",
     "running_services",
+    "say",
     "services_mode",
     "start_services",
     "stop_on_sigterm",
     "tail_text",
     "to_libpq_url",
     "to_sqlalchemy_url",
+    "unregister",
 ]
 
 
