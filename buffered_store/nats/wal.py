@@ -57,7 +57,9 @@ class NatsWal(WalSetup, WalStream, HotKv):
         runs right after the stream is opened, before anything else is created (a
         flusher judges an untagged stream there).
         """
-        nc = await open_client(config, name=name, reconnect=reconnect, timeout_s=connect_timeout_s)
+        nc = await open_client(
+            config.connection, name=name, reconnect=reconnect, timeout_s=connect_timeout_s
+        )
         wal = cls(nc, config, front_end=front_end)
         try:
             if setup == "ensure":

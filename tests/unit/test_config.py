@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from buffered_store.config import BufferedStoreConfig, EngineConfig, ReadConsistency
+from buffered_store.config import (
+    BufferedStoreConfig,
+    ConnectionSettings,
+    EngineConfig,
+    ReadConsistency,
+)
 from buffered_store.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
@@ -134,8 +139,8 @@ def test_raw_credentials_reach_nats_as_the_file_contents(tmp_path: Path) -> None
     from buffered_store.nats.connection import credentials_option
 
     raw = "-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n"
-    assert str(credentials_option(EngineConfig(credentials=raw))) == raw
+    assert str(credentials_option(ConnectionSettings(credentials=raw))) == raw
     creds = tmp_path / "user.creds"
     creds.write_text("x")
-    assert credentials_option(EngineConfig(credentials=str(creds))) == str(creds)
-    assert credentials_option(EngineConfig()) is None
+    assert credentials_option(ConnectionSettings(credentials=str(creds))) == str(creds)
+    assert credentials_option(ConnectionSettings()) is None
