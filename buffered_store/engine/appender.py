@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from buffered_store.backoff import Backoff
-from buffered_store.config import BufferedStoreConfig
+from buffered_store.config import WriterConfig
 from buffered_store.engine.entries import E, Format, H, follows
 from buffered_store.engine.ids import check_aware, utcnow
 from buffered_store.engine.keys import hot_key, msg_id, wal_subject
@@ -272,7 +272,7 @@ class Writer(Generic[E, H, S]):
     def __init__(
         self,
         wal: Wal,
-        config: BufferedStoreConfig,
+        config: WriterConfig,
         fmt: WriteFormat[E, H, S],
         *,
         seed: Callable[[str], Awaitable[Seeded[H, S] | None]] | None = None,

@@ -34,7 +34,7 @@ from buffered_store.engine.keys import hot_key, msg_id, wal_subject
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import WalUnavailableError
 from buffered_store.nats import NatsWal
-from buffered_store.nats import wal as nats_wal
+from buffered_store.nats import scan as nats_scan
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.checkpointing import build_checkpoint_entry, validate_checkpoint
@@ -436,7 +436,7 @@ async def test_two_identical_garbage_payloads_give_two_records(
 async def test_garbage_is_dropped_after_bounded_deliveries_without_a_bucket(
     writer: Writer, wal: Any, fconfig: FlusherConfig, flushers: list[Flusher]
 ) -> None:
-    config = replace(fconfig, poison_attempts=2)
+    config = fconfig.replace(poison_attempts=2)
     service = await start(flushers, InMemoryThreadRunStore(), config)
     async with jetstream(fconfig) as js:  # after start re-created it
         await js.delete_key_value(fconfig.quarantine_bucket)
@@ -892,7 +892,7 @@ async def test_a_scan_cut_short_by_the_server_raises_instead_of_returning_less(
 ) -> None:
     """A status other than "no more messages" (a 409 when the consumer goes away) ends a
     consumer scan with `WalUnavailableError`, never with a silently shorter list."""
-    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 2)
+    monkeypatch.setattr(nats_scan, "SCAN_BATCH", 2)
     seqs = [await writer.raw("t0", f"p{i}".encode()) for i in range(6)]
     client = wal._nc  # the test speaks to the scan's inbox directly
     inboxes: list[str] = []
@@ -922,7 +922,7 @@ async def test_read_range_returns_a_slice_of_the_stream_in_order(
 ) -> None:
     """`Wal.read_range` (the Spark overlay's tail read) over more than two pull requests,
     the last one cut short by the range's end."""
-    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 256)
+    monkeypatch.setattr(nats_scan, "SCAN_BATCH", 256)
     seqs = [await writer.raw(f"t{i % 3}", f"p{i}".encode()) for i in range(1200)]
     got = await wal.read_range(seqs[5], seqs[1100])
     assert [m.seq for m in got] == seqs[5:1101]

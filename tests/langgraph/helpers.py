@@ -25,7 +25,7 @@ def fresh_config(nats_url: str, dsn: str, **overrides: object) -> LangGraphConfi
         "flush_interval_s": 0.05,
     }
     values.update(overrides)
-    return LangGraphConfig(**values)  # type: ignore[arg-type]
+    return LangGraphConfig(**values)
 
 
 @asynccontextmanager
