@@ -22,12 +22,13 @@ pg_ok = test -n "$${DATABASE_URL:-}" || test -x "$${PG_BIN:-/nonexistent}/initdb
 	|| ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
 	|| { test -x $(VPY) && $(VPY) -c 'from buffered_store.dev.services import find_pg_bindir as f; f()' >/dev/null 2>&1; }
 
-.PHONY: help install .venv java test demo lint clean distclean
+.PHONY: help install .venv java test test-fast demo lint clean distclean
 
 help:
 	@echo "make install    venv + pip install -e '.[dev]' (redone when pyproject.toml changes)"
 	@echo "make java       check/install Java 17+, the PostgreSQL JDBC jar and PostgreSQL binaries"
-	@echo "make test       the whole test suite (what CI runs)"
+	@echo "make test       the whole test suite (what CI runs; NATS, Postgres and Spark)"
+	@echo "make test-fast  unit tests and the in-memory contract and conformance suites (no services, under a minute)"
 	@echo "make demo       run the demo"
 	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make clean      caches and build output (distclean also removes .venv)"
@@ -75,6 +76,13 @@ java:
 test: install java
 	@echo "test services: NATS=$${NATS_URL:-throwaway nats-server} Postgres=$${DATABASE_URL:-throwaway cluster} mode=$${BUFSTORE_SERVICES:-local}"
 	$(VPY) -m pytest tests/ $(PYTEST_ARGS)
+
+# No services, no Java: unit tests and every contract/conformance suite over the in-memory
+# implementations. BUFSTORE_TEST_NO_SERVICES makes a test that asks for NATS or Postgres
+# error out (tests/plugins/services.py) instead of quietly starting them.
+FAST_TESTS ?= tests/unit tests/contracts
+test-fast: install
+	BUFSTORE_TEST_NO_SERVICES=1 $(VPY) -m pytest $(FAST_TESTS) -m "not integration and not spark and not e2e and not chaos" $(PYTEST_ARGS)
 
 demo: install java
 	$(VPY) -m buffered_store.dev.demo $(DEMO_ARGS)

@@ -23,7 +23,7 @@ import nats
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from buffered_store.config import BufferedStoreConfig
+from buffered_store.config import WriterConfig
 
 from . import PACKAGE
 
@@ -58,7 +58,7 @@ class FlusherProcess:
         *,
         database_url: str,
         schema: str,
-        config: BufferedStoreConfig,
+        config: WriterConfig,
         log_path: Path,
         profile_path: Path | None = None,
         interval_s: float = 0.25,
@@ -137,13 +137,13 @@ class FlusherProcess:
 class WalMonitor:
     """Backlog of the flusher consumer, on a connection of its own."""
 
-    def __init__(self, nc: Client, config: BufferedStoreConfig) -> None:
+    def __init__(self, nc: Client, config: WriterConfig) -> None:
         self.nc = nc
         self.config = config
         self.js = nc.jetstream(timeout=5)
 
     @classmethod
-    async def connect(cls, config: BufferedStoreConfig) -> WalMonitor:
+    async def connect(cls, config: WriterConfig) -> WalMonitor:
         """Connect to the config's NATS server."""
         nc = await nats.connect(
             config.nats_url, name="bench-monitor", max_reconnect_attempts=-1, connect_timeout=5

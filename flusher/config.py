@@ -1,19 +1,20 @@
-"""Configuration of the flusher service: the shared engine settings plus its own knobs.
+"""Configuration of the flusher service: the shared engine settings plus its own.
 
-`FlusherConfig` extends `EngineConfig`, so one set of ``BUFSTORE_*`` environment variables
-configures the store and the flusher alike (`FlusherConfig.from_env()`), and a flusher
-embedded next to a store can copy the store's settings with `from_store_config`.
+`FlusherConfig` is made of the engine's roles (`connection`, `wal`, `flush`: see
+`buffered_store.config`) and the flusher's own settings (`FlusherSettings`, ``config.flusher``),
+so one set of ``BUFSTORE_*`` environment variables configures the store and the flusher
+alike (`FlusherConfig.from_env()`), and a flusher embedded next to a store can share the
+store's settings with `from_store_config`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-from buffered_store.config import ENV_PREFIX, EngineConfig
+from buffered_store.config import ENV_PREFIX, EngineConfig, Role
 from buffered_store.errors import ConfigError
 
 MIN_FETCH_TIMEOUT_S = 0.005
@@ -21,8 +22,9 @@ MIN_FETCH_TIMEOUT_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
-class FlusherConfig(EngineConfig):
-    """Settings of `Flusher`: batching, retries and back-off, quarantine thresholds."""
+class FlusherSettings(Role):
+    """The flusher service's own settings: fetching, retries and back-off, draining,
+    housekeeping."""
 
     fetch_timeout_s: float = 0.5
     """Longest single pull request. Fetches are kept short inside the collection window
@@ -57,7 +59,6 @@ class FlusherConfig(EngineConfig):
     something can go); 0 disables trimming in this flusher."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         positive = (
             "fetch_timeout_s",
             "db_retry_initial_s",
@@ -96,6 +97,33 @@ class FlusherConfig(EngineConfig):
         ):
             if getattr(self, initial) > getattr(self, cap):
                 raise ConfigError(f"{initial} must not exceed {cap}")
+
+
+class FlusherFields:
+    """`FlusherSettings`'s fields as attributes of `FlusherConfig` (for type checkers)."""
+
+    fetch_timeout_s: float
+    max_rounds: int
+    db_retry_initial_s: float
+    db_retry_max_s: float
+    nak_delay_initial_s: float
+    nak_delay_max_s: float
+    requeue_delay_s: float
+    nats_retry_initial_s: float
+    nats_retry_max_s: float
+    drain_timeout_s: float
+    hot_idle_s: float
+    trim_interval_s: float
+
+
+@dataclass(frozen=True, init=False)
+class FlusherConfig(EngineConfig, FlusherFields):
+    """Settings of `Flusher`: the engine's roles plus `FlusherSettings`."""
+
+    flusher: FlusherSettings
+
+    def check(self) -> None:
+        """Rules across roles."""
         # Held messages are kept alive with in-progress acks every ack_wait/3, but a
         # collection window longer than ack_wait would let the server redeliver messages
         # before the cycle even starts.
@@ -104,10 +132,10 @@ class FlusherConfig(EngineConfig):
 
     @classmethod
     def from_store_config(cls, cfg: EngineConfig, **overrides: Any) -> Self:
-        """A flusher configuration sharing the engine settings of a store's configuration."""
-        shared = {item.name: getattr(cfg, item.name) for item in dataclasses.fields(EngineConfig)}
-        shared.update(overrides)
-        return cls(**shared)
+        """A flusher configuration sharing the engine settings of a store's configuration
+        (its `connection`, `wal` and `flush`); keyword overrides win."""
+        shared: dict[str, Any] = {attr: getattr(cfg, attr) for attr in EngineConfig.roles()}
+        return cls(**shared, **overrides)
 
     @classmethod
     def for_front_end(
@@ -126,15 +154,12 @@ class FlusherConfig(EngineConfig):
         ``drain_timeout_s``, ...) come from the first of `env_prefixes` that sets them.
         Keyword overrides win over both."""
         env = os.environ if environ is None else environ
-        engine = {item.name for item in dataclasses.fields(EngineConfig)}
         mapped: dict[str, str] = {}
-        for item in dataclasses.fields(cls):
-            if item.name in engine:
-                continue
+        for name in FlusherSettings.knob_names():
             for prefix in env_prefixes:
-                raw = env.get(prefix + item.name.upper())
+                raw = env.get(prefix + name.upper())
                 if raw is not None:
-                    mapped[ENV_PREFIX + item.name.upper()] = raw
+                    mapped[ENV_PREFIX + name.upper()] = raw
                     break
-        shared = {name: getattr(cfg, name) for name in engine}
+        shared: dict[str, Any] = {attr: getattr(cfg, attr) for attr in EngineConfig.roles()}
         return cls.from_env(mapped, **{**shared, **overrides})

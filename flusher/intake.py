@@ -86,16 +86,16 @@ class Intake:
 
         One fetch waits for the window's first messages (capped at `fetch_timeout_s`: a
         single fetch may stall for its whole timeout). The window then fills without
-        requests (the subscription's open pull request delivers what arrives) and is
-        drained at its end in one more fetch, so a window costs the server one or two
-        pull requests however many messages it holds. It ends early when
-        `flush_batch_size` messages are waiting or when `should_stop()` turns true (what
-        is in hand is still returned, to be flushed). While `busy()` (the previous cycle
-        still applies, so the next one could not start anyway) it goes on past
-        `flush_interval_s`: a slow commit makes the next batch bigger instead of older.
-        A fetch error after some messages arrived ends the window with those (the
-        subscription is re-created next time); before any arrived it propagates, so the
-        caller backs off.
+        requests (the subscription's open pull request delivers what arrives; when it is
+        over, one more is opened for the rest of the window) and is drained at its end,
+        so a window costs the server a few pull requests however many messages it
+        holds. It ends early when `flush_batch_size` messages are waiting or when
+        `should_stop()` turns true (what is in hand is still returned, to be flushed).
+        While `busy()` (the previous cycle still applies, so the next one could not start
+        anyway) it goes on past `flush_interval_s`: a slow commit makes the next batch
+        bigger instead of older. A fetch error after some messages arrived ends the window
+        with those (the subscription is re-created next time); before any arrived it
+        propagates, so the caller backs off.
 
         The messages stay in `in_hand` until the caller takes them with `take`.
         """
@@ -117,8 +117,12 @@ class Intake:
         while not should_stop() and len(msgs) < batch_size:
             remaining = deadline - loop.time()
             if remaining > 0:
-                if sub.waiting:  # delivered meanwhile: taking them costs no request
-                    self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
+                if sub.waiting or (not sub.pulling and remaining >= FILL_CHECK_S):
+                    # Take what was delivered meanwhile (no request), and keep a pull
+                    # request open for the rest of the window: without one, what is
+                    # written now would wait for the window's end, or for the next one.
+                    self._add(await self._fetch(batch_size - len(msgs), remaining))
+                    continue
                 await asyncio.sleep(min(remaining, FILL_CHECK_S))
             elif busy():
                 self._add(await self._fetch(batch_size - len(msgs), BUSY_FETCH_TIMEOUT_S))

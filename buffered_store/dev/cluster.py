@@ -29,22 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from buffered_store.backoff import Backoff
-from buffered_store.dev.services import (
+from buffered_store.dev.common import (
     LOCALHOST,
     DevServiceError,
     ServerContext,
     ServiceStartError,
-    find_nats_server,
     http_ok,
     ms_since,
-    nats_info_probe,
-    nats_url,
     pick_free_ports,
-    register,
     say,
     tail_text,
-    unregister,
 )
+from buffered_store.dev.nats_server import find_nats_server, nats_info_probe, nats_url
+from buffered_store.dev.processes import register, unregister
 
 __all__ = ["ClusterNode", "NatsCluster", "nats_cluster_config_text"]
 

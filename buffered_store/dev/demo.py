@@ -34,13 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import (
-    Services,
-    register,
-    start_services,
-    stop_on_sigterm,
-    unregister,
-)
+from buffered_store.dev.processes import register, stop_on_sigterm, unregister
+from buffered_store.dev.services import Services, start_services
 from buffered_store.engine.ids import utcnow
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Generic, Protocol
 
 from buffered_store.backoff import Backoff
-from buffered_store.config import BufferedStoreConfig
+from buffered_store.config import WriterConfig
 from buffered_store.engine.cursors import (
     Cursor,
     CursorCache,
@@ -123,7 +123,7 @@ class Writer(Generic[E, H, S]):
     def __init__(
         self,
         wal: Wal,
-        config: BufferedStoreConfig,
+        config: WriterConfig,
         fmt: WriteFormat[E, H, S],
         *,
         seed: Callable[[str], Awaitable[Seeded[H, S] | None]] | None = None,

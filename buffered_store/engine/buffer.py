@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Generic
 
-from buffered_store.config import BufferedStoreConfig
+from buffered_store.config import WriterConfig
 from buffered_store.engine.appender import WriteFormat, Writer
 from buffered_store.engine.cursors import Cursor, S, Seeded, ThreadLocks
 from buffered_store.engine.entries import E, H
@@ -59,7 +59,7 @@ class WriteBuffer(Generic[E, H, S]):
     def __init__(
         self,
         wal: Wal,
-        config: BufferedStoreConfig,
+        config: WriterConfig,
         fmt: WriteFormat[E, H, S],
         sink: FlushSink[E],
         *,

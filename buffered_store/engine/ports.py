@@ -119,6 +119,12 @@ class Delivery(Protocol):
         """How many messages `queued` holds."""
         ...
 
+    @property
+    def pulling(self) -> bool:
+        """Messages arriving now reach `queued` without another `fetch` (a pull request
+        is open), or the subscription needs none: the next `fetch` takes all there is."""
+        ...
+
     def queued(self) -> Sequence[Delivered]:
         """Messages already delivered to this subscription and not fetched yet (their
         ack timers run, so a holder keeps them alive with the ones it fetched)."""

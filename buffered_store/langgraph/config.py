@@ -1,14 +1,16 @@
-"""Configuration of the LangGraph checkpointer: the engine's settings with its own stream,
-buckets and consumer, plus where LangGraph's Postgres tables live."""
+"""Configuration of the LangGraph checkpointer: the engine's and the writer's settings
+with its own stream, buckets and consumer, plus its own (`LangGraphSettings`: where
+LangGraph's Postgres tables live, how writes are batched)."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
-from buffered_store.config import ENV_PREFIX, BufferedStoreConfig
+from buffered_store.config import ENV_PREFIX, Role, ThreadRunSettings, WriterConfig
 from buffered_store.errors import ConfigError
 
 LG_ENV_PREFIX = "BUFSTORE_LG_"
@@ -28,20 +30,10 @@ most platforms (Heroku, Render, Railway, docker-compose files) name them."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class LangGraphConfig(BufferedStoreConfig):
-    """Configuration of `BufferedCheckpointSaver`.
+class LangGraphSettings(Role):
+    """What only the LangGraph saver needs: its Postgres tables and pool, how its writes
+    are batched, its owner name and entry format."""
 
-    The stream, buckets and consumer default to names of their own (``LGWAL``,
-    ``lg-hot``, ``lg-quarantine``, ``lg-flusher``), so a thread-run store and a
-    LangGraph checkpointer can share one NATS server without ever reading each other's
-    entries. ``read_consistency`` applies as in the thread-run store (`STRONG` flushes
-    the thread before each read, `EVENTUAL` reads Postgres alone).
-    """
-
-    stream_name: str = "LGWAL"
-    hot_bucket: str = "lg-hot"
-    quarantine_bucket: str = "lg-quarantine"
-    consumer_name: str = "lg-flusher"
     database_url: str = "postgresql://127.0.0.1:5432/postgres"
     """Where LangGraph's tables live: a libpq URL (``postgresql://``; a SQLAlchemy
     ``postgresql+psycopg://`` URL is accepted too) or a ``key=value`` conninfo string."""
@@ -75,7 +67,6 @@ class LangGraphConfig(BufferedStoreConfig):
     the WAL (a rolling upgrade), which cannot read format 2. Every version reads both."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if not self.database_url:
             raise ConfigError("database_url must not be empty")
         if not isinstance(self.pool_min_size, int) or self.pool_min_size < 0:
@@ -98,6 +89,73 @@ class LangGraphConfig(BufferedStoreConfig):
             raise ConfigError(f"wal_format must be 1 or 2, got {self.wal_format!r}")
         if self.owner is not None and (not self.owner or "\x00" in self.owner):
             raise ConfigError("owner must be a non-empty string without NUL, or None")
+
+
+class LangGraphFields:
+    """`LangGraphSettings`'s fields as attributes of `LangGraphConfig` (type checkers)."""
+
+    database_url: str
+    pool_min_size: int
+    pool_max_size: int
+    db_timeout_s: float
+    owner: str | None
+    flush_each_write: bool
+    write_linger_s: float
+    max_inflight_writes: int
+    check_deltas: bool
+    wal_format: int
+
+
+LEGACY_KNOBS = tuple(ThreadRunSettings.knob_names())
+"""Keywords `LangGraphConfig` took before its settings were composed by role, when it
+derived from the thread-run store's configuration: accepted, ignored by the saver (as
+they always were), with a `DeprecationWarning`."""
+
+
+@dataclass(frozen=True, init=False)
+class LangGraphConfig(WriterConfig, LangGraphFields):
+    """Configuration of `BufferedCheckpointSaver`: the engine's and the writer's roles
+    plus `LangGraphSettings` (``config.langgraph``).
+
+    The stream, buckets and consumer default to names of their own (``LGWAL``,
+    ``lg-hot``, ``lg-quarantine``, ``lg-flusher``), so a thread-run store and a
+    LangGraph checkpointer can share one NATS server without ever reading each other's
+    entries. ``read_consistency`` applies as in the thread-run store (`STRONG` flushes
+    the thread before each read, `EVENTUAL` reads Postgres alone).
+    """
+
+    langgraph: LangGraphSettings
+
+    ROLE_DEFAULTS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "wal": {
+            "stream_name": "LGWAL",
+            "hot_bucket": "lg-hot",
+            "quarantine_bucket": "lg-quarantine",
+            "consumer_name": "lg-flusher",
+        }
+    }
+
+    def __init__(self, **settings: Any) -> None:
+        legacy = {name: settings.pop(name) for name in LEGACY_KNOBS if name in settings}
+        if legacy:
+            warnings.warn(
+                f"LangGraphConfig ignores {', '.join(sorted(legacy))}: settings of the "
+                "thread-run store, never used by the LangGraph saver",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        super().__init__(**settings)
+        object.__setattr__(self, "_legacy", ThreadRunSettings(**legacy))
+
+    @property
+    def check_snapshots(self) -> bool:
+        """Deprecated: a thread-run store setting the saver never used."""
+        return bool(self.__dict__["_legacy"].check_snapshots)
+
+    @property
+    def run_claim_grace_s(self) -> float:
+        """Deprecated: a thread-run store setting the saver never used."""
+        return float(self.__dict__["_legacy"].run_claim_grace_s)
 
     @property
     def conninfo(self) -> str:

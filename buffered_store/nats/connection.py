@@ -21,7 +21,7 @@ import nats.errors
 from nats.aio.client import Client, RawCredentials
 
 from buffered_store.backoff import Backoff
-from buffered_store.config import EngineConfig
+from buffered_store.config import ConnectionSettings
 from buffered_store.errors import ConfigError, WalAccessDeniedError, WalUnavailableError
 from buffered_store.masking import mask_credentials, mask_url
 from buffered_store.nats.connect_policy import Failure, classify, describe
@@ -93,7 +93,7 @@ class ConnectionLog:
         self.failed_attempts = 0
 
 
-def tls_context(config: EngineConfig) -> ssl.SSLContext | None:
+def tls_context(config: ConnectionSettings) -> ssl.SSLContext | None:
     """The TLS context the configuration asks for (None: nats-py's default, used when a
     server requires TLS or a URL says ``tls://``). `ConfigError` when a file is missing
     or unreadable."""
@@ -108,7 +108,7 @@ def tls_context(config: EngineConfig) -> ssl.SSLContext | None:
     return context
 
 
-def credentials_option(config: EngineConfig) -> Any:
+def credentials_option(config: ConnectionSettings) -> Any:
     """The configured credentials in the form nats-py accepts: a file's path, or the
     file's contents (`ConfigError` when a file named does not exist)."""
     path = config.credentials_file()
@@ -118,7 +118,7 @@ def credentials_option(config: EngineConfig) -> Any:
 
 
 async def open_client(
-    config: EngineConfig,
+    config: ConnectionSettings,
     *,
     name: str,
     reconnect: Reconnect,
@@ -199,7 +199,7 @@ async def _discard(nc: Client) -> None:
             await nc.close()
 
 
-def _options(config: EngineConfig, name: str, events: ConnectionLog) -> dict[str, Any]:
+def _options(config: ConnectionSettings, name: str, events: ConnectionLog) -> dict[str, Any]:
     tls = tls_context(config)
     return {
         "servers": config.servers,

@@ -128,17 +128,26 @@ class NatsDelivery:
         a flusher keeps them alive as it keeps the messages it holds)."""
         return [NatsDelivered(msg) for msg in self._queue]
 
+    @property
+    def pulling(self) -> bool:
+        """A pull request is open: what arrives is pushed into `queued` without a fetch."""
+        return self._open(asyncio.get_running_loop().time())
+
     async def fetch(self, count: int, timeout_s: float) -> list[NatsDelivered]:
-        """Up to `count` messages: those queued, else what the server has now, else the
-        first to arrive within `timeout_s` (none: empty)."""
+        """Up to `count` messages: those queued, else all the server has now, else the
+        first to arrive within `timeout_s` (none: empty). When fewer than `count` are
+        handed out and the caller can wait, a pull request stays open for the rest until
+        `timeout_s` is over: what arrives meanwhile is queued for the next fetch, without
+        another request."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        may_wait = timeout_s >= LINGER_AFTER_S
         if not self._queue and not self._open(loop.time()):
-            # What is there now (the server says when it has sent all of it), then, if
-            # nothing was, one request that stays open and pushes what arrives.
+            # Everything there is now (the server ends the request with a status when it
+            # has sent all it had), then, if nothing was, one request that stays open.
             await self._request(count, timeout_s, no_wait=True)
-            await self._until(lambda: bool(self._queue) or not self._budget, deadline)
-            if not self._queue and timeout_s >= LINGER_AFTER_S and loop.time() < deadline:
+            await self._until(lambda: not self._budget, deadline)
+            if not self._queue and may_wait and loop.time() < deadline:
                 await self._request(count, deadline - loop.time() + OVERLAP_S, no_wait=False)
         await self._until(lambda: bool(self._queue) or not self._open(loop.time()), deadline)
         if self._refused:
@@ -147,6 +156,11 @@ class NatsDelivery:
         taken: list[NatsDelivered] = []
         while self._queue and len(taken) < count:
             taken.append(NatsDelivered(self._queue.popleft()))
+        left = deadline - loop.time()
+        if len(taken) < count and may_wait and left > 0 and not self._open(loop.time()):
+            # The request that delivered these is over (or they came from the queue):
+            # without a new one nothing more would arrive before the caller's window ends.
+            await self._request(count - len(taken), left + OVERLAP_S, no_wait=False)
         return taken
 
     async def close(self) -> None:

@@ -18,6 +18,8 @@ from buffered_store.errors import (
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code of a publish whose expected last subject sequence failed."""
+KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
+"""Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
 STORE_FULL = (10077, 10023)
 """JetStream's error codes of a publish refused for lack of room: the stream's
 ``max_bytes`` reached with discard policy "new" (10077, "maximum bytes exceeded"),

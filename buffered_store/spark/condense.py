@@ -1,7 +1,7 @@
-"""Condensing the WAL tail with whole-column operations (Arrow and NumPy). Pure.
+"""Condensing the WAL tail into the overlay: one row per pending thread and per run. Pure.
 
-`condense_table` computes exactly what `datasource.condense_tail` (the reference, kept as
-the spec) computes, but on an Arrow table of ``threadlog`` rows: sorts, group
+`condense_tail` is the reference, kept as the spec: a Python loop over rows. `condense_table`
+computes exactly what it computes, but on an Arrow table of ``threadlog`` rows: sorts, group
 boundaries and scatter/gather over index arrays instead of a Python loop per entry and per
 message. A tail whose first entries rewrite whole histories (a snapshot after a writer
 restart) holds about as many messages as the flushed table; here that costs a few array
@@ -10,6 +10,7 @@ passes, and the result goes to Spark as Arrow, never as Python rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,21 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from buffered_store.spark.datasource import ENTRY_ARROW
+from buffered_store.spark.datasource import ENTRY_ARROW, RUN_STRUCT
+
+OVERLAY_SCHEMA = (
+    "thread_id string, ov_seq bigint, ov_first_seq bigint, ov_del_seq bigint, "
+    "ov_deleted boolean, ov_count int, ov_parent_thread_id string, ov_metadata string, "
+    "ov_created_at timestamp, ov_updated_at timestamp, ov_latest_run_id string, "
+    "ov_message_count int, ov_base int, "
+    "ov_messages array<struct<thread_seq:bigint, role:string, message:string>>"
+)
+"""One row per pending thread, condensed from its entries by `condense_tail`.
+
+`ov_messages[i]` is position ``ov_base + i``: the newest entry that wrote it, for every
+position from `ov_base` (the lowest one the entries wrote) up to `ov_count`."""
+RUN_VERSION_SCHEMA = f"run_id string, ov_owner string, ov_run_seq bigint, ov_run {RUN_STRUCT}"
+"""Per run id in the tail: its newest version, the thread holding it and its seq."""
 
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -295,3 +310,103 @@ def _run_versions(entries: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(
         [pc.cast(columns[f.name], f.type) for f in RUN_VERSION_ARROW], schema=RUN_VERSION_ARROW
     )
+
+
+# -- the reference -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condensed:
+    """The overlay of a WAL tail: rows of `OVERLAY_SCHEMA` and `RUN_VERSION_SCHEMA`."""
+
+    threads: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+
+    def counts(self) -> dict[str, int]:
+        """Newest message count per pending thread (0 when deleted)."""
+        return {row["thread_id"]: row["ov_count"] for row in self.threads}
+
+    def runs_by_thread(self) -> dict[str, list[str]]:
+        """Per pending thread, the run ids whose newest version it holds."""
+        out: dict[str, list[str]] = {row["thread_id"]: [] for row in self.threads}
+        for run in self.runs:
+            out[run["ov_owner"]].append(run["run_id"])
+        return out
+
+
+def condense_tail(entries: Iterable[Mapping[str, Any]]) -> Condensed:
+    """Fold the tail's entries (rows of `ENTRY_SCHEMA` as dicts) per thread. Pure.
+
+    Per thread: the newest seq ``b``; the first seq of the contiguous run of seqs ending
+    at ``b`` (an entry missing below it is a gap; 1 when the run starts with a jump entry,
+    which follows any watermark); the last delete; the summary at ``b``;
+    for each message position below the count at ``b`` that an entry wrote, the newest
+    such entry and its message. Those positions are contiguous, from the lowest `keep`
+    after the last delete: every later entry keeps at most what exists, so the newest
+    entry whose `keep` does not cover a position also wrote it. Per run id: its newest
+    version, latest in the stream (a run id reused by another thread moves there, and
+    the later write is the one a flush leaves in place).
+
+    Whether an entry applies depends on the watermark each JDBC partition reads, so
+    nothing is dropped here: the Spark side compares these seqs with it.
+    """
+    groups: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for entry in entries:
+        # The first stored entry of a seq wins, as in `plan_entries`.
+        groups.setdefault(entry["thread_id"], {}).setdefault(entry["seq"], entry)
+    newest_runs: dict[str, tuple[int, int, str, Mapping[str, Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    for thread_id in sorted(groups):
+        by_seq = groups[thread_id]
+        seqs = sorted(by_seq)
+        first = seqs[-1]
+        while first - 1 in by_seq and not by_seq[first].get("jump"):
+            first -= 1
+        if by_seq[first].get("jump"):
+            first = 1  # a chain started by a jump applies on top of any lower watermark
+        cells: dict[int, dict[str, Any]] = {}
+        deleted_at = 0
+        for seq in seqs:
+            entry = by_seq[seq]
+            if entry["kind"] == "del":
+                cells, deleted_at = {}, seq
+                continue
+            for index, message in enumerate(entry["messages"] or ()):
+                cells[entry["keep"] + index] = {
+                    "thread_seq": seq,
+                    "role": message["role"],
+                    "message": message["message"],
+                }
+            run = entry["run"]
+            if run is not None:
+                known = newest_runs.get(run["run_id"])
+                if known is None or known[0] < entry["stream_seq"]:
+                    newest_runs[run["run_id"]] = (entry["stream_seq"], seq, thread_id, run)
+        last = by_seq[seqs[-1]]
+        deleted = last["kind"] == "del"
+        count = 0 if deleted else last["message_count"]
+        base = min((p for p in cells if p < count), default=count)
+        rows.append(
+            {
+                "thread_id": thread_id,
+                "ov_seq": seqs[-1],
+                "ov_first_seq": first,
+                "ov_del_seq": deleted_at,
+                "ov_deleted": deleted,
+                "ov_count": count,
+                "ov_parent_thread_id": last["parent_thread_id"],
+                "ov_metadata": last["metadata"],
+                "ov_created_at": last["created_at"],
+                "ov_updated_at": last["at"],
+                "ov_latest_run_id": last["latest_run_id"],
+                "ov_message_count": count,
+                "ov_base": base,
+                # A hole (impossible for well-formed entries) reads as "not written".
+                "ov_messages": [cells.get(p) for p in range(base, count)],
+            }
+        )
+    runs = [
+        {"run_id": run_id, "ov_owner": thread_id, "ov_run_seq": seq, "ov_run": run}
+        for run_id, (_, seq, thread_id, run) in sorted(newest_runs.items())
+    ]
+    return Condensed(rows, runs)

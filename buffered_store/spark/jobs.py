@@ -174,20 +174,33 @@ def run_job(
 
     Without `spark`, the active session is used, else one is started (and stopped after).
     """
-    from buffered_store.spark.session import spark_session
-
     if options.job not in JOBS:
         raise ValueError(f"unknown job {options.job!r}; choose from {', '.join(JOBS)}")
     if spark is not None:
         _run(spark, options, echo)
         return
     started = SparkSession.getActiveSession() is None
-    session = spark_session(f"bufstore-{options.job}", master=options.master)
+    session = job_session(options)
     try:
         _run(session, options, echo)
     finally:
         if started:
             session.stop()
+
+
+JOB_CONF = {"spark.ui.showConsoleProgress": "false"}
+"""Settings of the session a job starts: the stage progress bars Spark draws on stderr
+would bury the job's own output and error lines."""
+
+
+def job_session(options: JobOptions) -> SparkSession:
+    """The session `run_job` starts when none is active (or the active one)."""
+    from buffered_store.spark.session import spark_session
+
+    session: SparkSession = spark_session(
+        f"bufstore-{options.job}", master=options.master, conf=JOB_CONF
+    )
+    return session
 
 
 def _run(spark: SparkSession, options: JobOptions, echo: Callable[[str], None]) -> None:

@@ -12,13 +12,15 @@ what is missing and registers the data source.
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,9 @@ JDBC_JAR_ENV = "BUFSTORE_JDBC_JAR"
 POSTGRES_JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
 """Maven coordinate used through ``spark.jars.packages`` when no local jar is found."""
 MIN_JAVA = 17
+STANDALONE_PORT = 7077
+"""Port of a standalone master URL that names none (Spark's default)."""
+MASTER_PROBE_TIMEOUT_S = 5.0
 
 WELL_KNOWN_JARS = (
     "/usr/share/java/postgresql.jar",  # Debian/Ubuntu libpostgresql-jdbc-java
@@ -141,21 +146,110 @@ def under_spark_submit(env: Mapping[str, str] | None = None) -> bool:
     return bool(env.get("PYSPARK_GATEWAY_PORT"))
 
 
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """Host and port of each master a ``spark://h1:p1,h2:p2`` URL names (empty for others).
+
+    Several masters are a standalone high-availability setup; a missing port is 7077.
+    """
+    if not master.startswith("spark://"):
+        return []
+    found: list[tuple[str, int]] = []
+    for part in master.removeprefix("spark://").split(","):
+        part = part.strip().rstrip("/")
+        if not part:
+            continue
+        host, port = part, STANDALONE_PORT
+        bracketed = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?", part)  # [::1]:7077
+        if bracketed:
+            host, port = bracketed.group(1), int(bracketed.group(2) or STANDALONE_PORT)
+        elif part.count(":") == 1:
+            name, _, digits = part.partition(":")
+            if not digits.isdigit():
+                raise SparkSetupError(f"the master URL {master} has a bad port: {part}")
+            host, port = name, int(digits)
+        found.append((host, port))
+    if not found:
+        raise SparkSetupError(f"the master URL {master} names no host")
+    return found
+
+
+def _system_resolve(host: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return []
+    return [str(info[4][0]) for info in infos]
+
+
+def driver_on_loopback(master: str, resolve: Callable[[str], Sequence[str]] | None = None) -> bool:
+    """Whether the driver should bind 127.0.0.1: a local master, or every standalone
+    master on a loopback address (then its workers, on the same machine, are too).
+
+    A name that does not resolve counts as not loopback: Spark's own default stays.
+    """
+    if master.startswith("local"):
+        return True
+    hosts = [host for host, _ in standalone_masters(master)]
+    if not hosts:
+        return False
+    resolve = resolve or _system_resolve
+    for host in hosts:
+        try:
+            addresses = [ipaddress.ip_address(host)]
+        except ValueError:
+            addresses = [ipaddress.ip_address(a.split("%")[0]) for a in resolve(host)]
+        if not addresses or not all(a.is_loopback for a in addresses):
+            return False
+    return True
+
+
+def check_master(master: str, *, timeout_s: float = MASTER_PROBE_TIMEOUT_S) -> None:
+    """Fail at once, naming the URL, when no standalone master listens at `master`.
+
+    Without it Spark retries the registration for about 60 s and then fails with a Java
+    stack trace. A TCP connection to one of the masters is enough to go on (nothing is
+    sent, so the master logs nothing); other master URLs (``local``, ``yarn``, ``k8s``)
+    are not checked.
+    """
+    reasons: list[str] = []
+    for host, port in standalone_masters(master):
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except TimeoutError:
+            reasons.append(f"{host}:{port} did not answer within {timeout_s:.0f} s")
+        except socket.gaierror as exc:
+            reasons.append(f"{host} is not a known host ({exc.strerror})")
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    if reasons:
+        raise SparkSetupError(
+            f"no Spark master at {master} ({'; '.join(reasons)}): start one "
+            "(docs/how-to/spark.md, 'Run on a standalone cluster') or fix the master URL"
+        )
+
+
 def session_conf(
     *,
     master: str | None,
     driver: JdbcDriver | None,
     submitted: bool,
     conf: Mapping[str, str] | None = None,
+    resolve: Callable[[str], Sequence[str]] | None = None,
 ) -> dict[str, str]:
-    """The settings `spark_session` applies (pure, so it is tested without a JVM)."""
+    """The settings `spark_session` applies (tested without a JVM).
+
+    `resolve` maps a master's host name to its addresses (default: the system resolver).
+    """
     out: dict[str, str] = {}
     if master is not None:
         out["spark.master"] = master
     elif not submitted:
         out["spark.master"] = "local[*]"
-    if out.get("spark.master", "").startswith("local"):
-        # A laptop's hostname often resolves to an address nothing listens on.
+    if driver_on_loopback(out.get("spark.master", ""), resolve):
+        # A laptop's hostname often resolves to an address nothing listens on; and when
+        # the master listens on loopback, so do its workers: the executors must find the
+        # driver there too, not on whatever interface Spark picks for the hostname.
         out["spark.driver.bindAddress"] = "127.0.0.1"
         out["spark.driver.host"] = "127.0.0.1"
     if driver is not None:
@@ -179,7 +273,9 @@ def spark_session(
     Args:
         app_name: the application name shown by the cluster manager.
         master: e.g. ``local[4]`` or ``spark://host:7077``; by default ``local[*]``,
-            or what ``spark-submit`` was given.
+            or what ``spark-submit`` was given. A ``spark://`` master that nothing
+            listens at fails at once with `SparkSetupError` (`check_master`); one on a
+            loopback address gets a driver bound to 127.0.0.1, like a local master.
         conf: more Spark settings; they win over the helper's.
         driver: the JDBC driver to use; by default `find_jdbc_driver()`. Under
             ``spark-submit`` a driver passed with ``--jars``/``--packages`` is kept.
@@ -204,15 +300,37 @@ def spark_session(
     settings = session_conf(master=master, driver=driver, submitted=submitted, conf=conf)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    if not submitted and (master or "local").startswith("local"):
-        # Keep a local JVM's own services (block manager, shuffle) on loopback too: the
-        # driver settings above do not reach what starts before the session reads them.
+    standalone = "" if submitted else settings.get("spark.master", "")
+    if not standalone.startswith("spark://"):
+        standalone = ""
+    if standalone:
+        check_master(standalone)
+    if not submitted and settings.get("spark.driver.host") == "127.0.0.1":
+        # Keep the driver JVM's own services (block manager, shuffle, UI) on loopback too:
+        # the driver settings above do not reach what starts before the session reads them.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        if jvm_log is not None:
-            _start_logged_context(app_name, settings, Path(jvm_log))
-    spark = builder.getOrCreate()
+    if not submitted and (master or "local").startswith("local") and jvm_log is not None:
+        _start_logged_context(app_name, settings, Path(jvm_log))
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # Py4JJavaError and the like; only rewritten for a master
+        if not standalone:
+            raise
+        raise SparkSetupError(
+            f"Spark could not register with a master at {standalone}: is that the master's "
+            f"port (7077 by default; 8080 is its web UI)? ({_first_line(exc)})"
+        ) from exc
     register_datasource(spark)
     return spark
+
+
+def _first_line(exc: BaseException) -> str:
+    """The Java exception's own line of a Py4J error (its first line only names the call)."""
+    lines = [line.strip().removeprefix(": ") for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "Exception:" in line or "Error:" in line:
+            return line
+    return lines[0] if lines else type(exc).__name__
 
 
 def _start_logged_context(app_name: str, settings: Mapping[str, str], log_path: Path) -> None:

@@ -14,6 +14,10 @@ The WAL in memory (`buffered_store.testing.wal`, `buffered_store.testing.jetstre
   (``available = False``, `delete_consumer`, `advance` of its clock).
 - `open_memory_store` assembles a `BufferedThreadRunStore` over a `MemoryWal`.
 
+Conformance suites (`buffered_store.testing.conformance`): the `ThreadRunStore` and
+`FlushTarget` checks this project's stores pass, to run against a store of your own with
+`validate()` (no pytest) or as pytest classes (docs/how-to/conformance.md).
+
 Example::
 
     server = MemoryJetStream()

@@ -451,6 +451,11 @@ class MemoryDelivery:
         """None: the in-memory consumer hands messages over only when fetched."""
         return []
 
+    @property
+    def pulling(self) -> bool:
+        """Always True: nothing needs to stay open, a fetch takes all there is."""
+        return True
+
     async def fetch(self, count: int, timeout_s: float) -> list[MemoryDelivered]:
         """Up to `count` messages: those available at once, else the first ones to become
         available (published, nak'ed, or past their ack wait) within `timeout_s`; none:

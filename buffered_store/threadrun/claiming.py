@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from buffered_store.backoff import Backoff
+from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.ids import utcnow
 from buffered_store.errors import ConflictError, WalUnavailableError
@@ -34,11 +35,13 @@ class RunClaims:
         self,
         buffer: WriteBuffer[WalEntry, HotRecord, Any],
         reads: Overlay,
+        config: BufferedStoreConfig,
         *,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._buffer = buffer
         self._reads = reads
+        self._config = config
         self._clock = clock
 
     async def claim(self, thread_id: str, run_id: str, deadline: float) -> None:
@@ -105,7 +108,7 @@ class RunClaims:
                 (claimed_seq is not None and owner_hot.record.deleted_seq > claimed_seq)
                 or (owner_hot.record.thread is None and owner_hot.revision > current.revision)
             )
-            lapsed = now_us - claimed_at_us >= self._buffer.config.run_claim_grace_s * 1e6
+            lapsed = now_us - claimed_at_us >= self._config.run_claim_grace_s * 1e6
             if run is None and not (deleted_since or lapsed):
                 raise run_owned_elsewhere(run_id, owner, thread_id)
         # Our own claim is written again too, so that it is newer than any delete of the

@@ -112,7 +112,7 @@ class BufferedThreadRunStore:
         self._log = self._buffer.log
         self._locks = self._buffer.locks
         self._reads = Overlay(inner, target, self._buffer, config)
-        self._claims = RunClaims(self._buffer, self._reads, clock=clock)
+        self._claims = RunClaims(self._buffer, self._reads, config, clock=clock)
         self._stats: dict[str, float] = {
             "checkpoints_ok": 0,
             "checkpoints_failed": 0,

@@ -1,15 +1,11 @@
-"""Fixtures of the chaos tests: a fresh NATS cluster per test (tests/conftest.py), the
-Postgres schema fixtures of the integration tests, and the ``chaos`` marker."""
+"""The chaos tests' own hook, the ``chaos`` marker. Their fixtures (a fresh NATS cluster
+per test, Postgres schemas) are the suite's plugins (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-
-from tests.integration.conftest import open_postgres, schema_name
-
-__all__ = ["open_postgres", "schema_name"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -38,8 +38,8 @@ from buffered_store.testing import InnerStore, make_run
 from buffered_store.threadrun.entry import EntryKind, WalEntry, decode_entry
 from buffered_store.threadrun.records import Message
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.e2e.conftest import child_env
-from tests.integration.conftest import PostgresFactory, unique_names
+from tests.e2e.children import child_env
+from tests.plugins.stores import PostgresFactory, unique_names
 
 THREADS = 8
 ACK_WAIT_S = 3.0

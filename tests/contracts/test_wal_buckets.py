@@ -7,7 +7,7 @@ import pytest
 
 from buffered_store.engine.ports import KvValue, Wal
 from buffered_store.errors import ConflictError, StoreError
-from tests.contracts.conftest import WalHarness
+from tests.contracts.harness import WalHarness
 
 
 async def test_create_swap_and_conflicts(wal: Wal) -> None:

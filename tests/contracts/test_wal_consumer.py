@@ -11,7 +11,7 @@ import pytest
 
 from buffered_store.engine.ports import ConsumerState, Wal
 from buffered_store.errors import StoreError
-from tests.contracts.conftest import WalHarness
+from tests.contracts.harness import WalHarness
 
 
 async def fill(wal: Wal, n: int) -> None:

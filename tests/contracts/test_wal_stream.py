@@ -7,7 +7,7 @@ import pytest
 
 from buffered_store.engine.ports import Wal
 from buffered_store.errors import ConflictError, StoreError, WalUnavailableError
-from tests.contracts.conftest import WalHarness
+from tests.contracts.harness import WalHarness
 
 
 def subject(wal: Wal, token: str) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.threadrun.entry import FORMAT
-from tests.e2e.conftest import child_env
+from tests.e2e.children import child_env
 from tests.e2e.procs.writer import snapshot
-from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory
+from tests.plugins.stores import ConfigFactory, PostgresFactory, StoreFactory
 
 WRITER = Path(__file__).parent / "procs" / "writer.py"
 PER_PROCESS = 120

@@ -32,8 +32,8 @@ from buffered_store.model.records import Message, RunRecord
 from buffered_store.testing import InnerStore, make_run
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.e2e.conftest import child_env
-from tests.integration.conftest import ConfigFactory, PostgresFactory, StoreFactory
+from tests.e2e.children import child_env
+from tests.plugins.stores import ConfigFactory, PostgresFactory, StoreFactory
 
 THREADS = 5
 ACK_WAIT_S = 2.0

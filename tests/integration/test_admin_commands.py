@@ -23,7 +23,7 @@ from buffered_store.model.changes import (
 )
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import ConfigFactory, jetstream
+from tests.plugins.stores import ConfigFactory, jetstream
 
 BUFSTORE = str(Path(sys.executable).with_name("bufstore"))
 

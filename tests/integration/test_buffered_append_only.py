@@ -11,7 +11,7 @@ import pytest
 from buffered_store.engine.keys import wal_subject
 from buffered_store.errors import PayloadTooLargeError
 from buffered_store.testing import make_messages, make_run
-from tests.integration.conftest import InnerPair, RowsReader, StoreFactory, SubjectCounter
+from tests.plugins.stores import InnerPair, RowsReader, StoreFactory, SubjectCounter
 
 MESSAGE_SIZE = 1000
 """Content length of each message: about 1 KiB on the wire."""

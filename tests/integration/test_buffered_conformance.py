@@ -36,10 +36,10 @@ from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import InnerStore
+from buffered_store.testing.conformance import FlushedWrites
+from buffered_store.testing.conformance.pytest_suite import ThreadRunStoreSuite
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.conformance.flushed import FlushedWrites
-from tests.conformance.suite import ThreadRunStoreContract
-from tests.integration.conftest import delete_wal_objects, unique_names
+from tests.plugins.stores import delete_wal_objects, unique_names
 
 VARIANTS = [
     (inner, mode)
@@ -155,7 +155,7 @@ async def shared_store(backend: Backend) -> AsyncIterator[ThreadRunStore]:
     await backend.forget(store)
 
 
-class TestBufferedConformance(ThreadRunStoreContract):
+class TestBufferedConformance(ThreadRunStoreSuite):
     """The whole suite, in each of the six variants."""
 
     @pytest.fixture

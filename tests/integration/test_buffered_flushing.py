@@ -26,7 +26,7 @@ from buffered_store.threadrun.entry import (
     FORMAT,
 )
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import StoreFactory
+from tests.plugins.stores import StoreFactory
 
 
 def tid(prefix: str = "t") -> str:

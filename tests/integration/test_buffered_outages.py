@@ -1,8 +1,9 @@
-"""Service outages under load (invariant 1): a NATS server restart and a Postgres stop.
+"""Service outages under load (invariant 1): a NATS server restart and a Postgres outage.
 
-These tests restart or stop the session's own servers (`services`), so they cannot run
-against external ones (NATS_URL / DATABASE_URL): they are skipped there, with the reason.
-Tests run one at a time, and every outage is undone in a ``finally`` block.
+Neither touches the session's shared servers, so both run against external ones
+(NATS_URL / DATABASE_URL) too: the NATS restart is of a nats-server of the test's own
+(the restart itself, with what the server keeps on disk, is the point), and Postgres
+goes away by cutting a `CuttableProxy` between the store and the shared server.
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
-from buffered_store.dev.services import Services
+from buffered_store.dev.proxy import CuttableProxy
+from buffered_store.dev.services import NatsServer
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import CommitUnknownError, StoreError, WalUnavailableError
 from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import StoreFactory
+from tests.plugins.stores import PostgresFactory, StoreFactory
 
 WRITERS = 6
 OUTAGE_S = 3.0
@@ -49,19 +52,29 @@ async def assert_wal_holds(
         assert entry.run.steps == count
 
 
-def bounce(services: Services, how: str) -> None:
-    """Restart the session's nats-server: gracefully, or SIGKILL then start."""
-    assert services.nats is not None
+def bounce(server: NatsServer, how: str) -> None:
+    """Restart a nats-server: gracefully, or SIGKILL then start."""
     if how == "restart":
-        services.nats.restart()
+        server.restart()
     else:
-        services.nats.kill()
-        services.nats.start()
+        server.kill()
+        server.start()
+
+
+@pytest.fixture
+def own_nats() -> Iterator[NatsServer]:
+    """A nats-server of this test alone (it restarts it), on the same port after restarts."""
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("how", ["restart", "kill"])
 async def test_nats_restart_under_load(
-    services: Services, open_store: StoreFactory, inner: InnerStore, how: str
+    own_nats: NatsServer, open_store: StoreFactory, inner: InnerStore, how: str
 ) -> None:
     """Writers on 6 threads keep checkpointing while nats-server restarts (SIGTERM, or
     SIGKILL: a process crash, not an OS crash, so nothing acknowledged may be lost). Calls hit by
@@ -69,11 +82,10 @@ async def test_nats_restart_under_load(
     same store instance then keeps working without any reconnect by hand, and after
     force_flush_all every acknowledged checkpoint is in the WAL with a unique seq, and
     the inner store holds each thread's last acknowledged snapshot."""
-    if not services.nats_managed:
-        pytest.skip("NATS is external (NATS_URL): this test must restart it")
-    nats = services.nats
-    assert nats is not None
-    store = await open_store(inner, drain_on_close=False, checkpoint_timeout_s=5.0)
+    nats = own_nats
+    store = await open_store(
+        inner, nats_url=nats.url, drain_on_close=False, checkpoint_timeout_s=5.0
+    )
     threads = [tid() for _ in range(WRITERS)]
     acked: dict[str, dict[int, int]] = {t: {} for t in threads}
     errors: Counter[str] = Counter()
@@ -103,7 +115,7 @@ async def test_nats_restart_under_load(
         async with asyncio.timeout(20):
             await loaded.wait()
         pid_before = getattr(nats, "pid", None)
-        await asyncio.to_thread(bounce, services, how)
+        await asyncio.to_thread(bounce, nats, how)
         assert getattr(nats, "pid", None) != pid_before
         restarted.set()
         await writers
@@ -127,15 +139,15 @@ async def test_nats_restart_under_load(
 
 
 async def test_postgres_down_checkpoints_keep_succeeding(
-    services: Services, open_store: StoreFactory, pg_inner: InnerStore
+    open_store: StoreFactory,
+    open_postgres: PostgresFactory,
+    postgres_link: CuttableProxy,
+    database_url: str,
 ) -> None:
-    """Postgres stopped for several seconds under load: every checkpoint succeeds,
+    """Postgres unreachable for several seconds under load: every checkpoint succeeds,
     force_flush fails fast with a StoreError instead of hanging, and after Postgres is
     back, force_flush_all brings it to exactly the acknowledged state."""
-    if not services.postgres_managed:
-        pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
-    postgres = services.postgres
-    assert postgres is not None
+    pg_inner = await open_postgres(url=postgres_link.via(database_url))
     store = await open_store(pg_inner, drain_on_close=False)
     # A second process over the same database: its status reads find Postgres down too.
     other = await open_store(pg_inner, drain_on_close=False)
@@ -153,7 +165,7 @@ async def test_postgres_down_checkpoints_keep_succeeding(
         await step(thread)
     assert await store.force_flush_all() == len(threads)
 
-    await asyncio.to_thread(postgres.stop)
+    postgres_link.cut()
     try:
         during = 0
         until = time.monotonic() + OUTAGE_S
@@ -167,7 +179,7 @@ async def test_postgres_down_checkpoints_keep_succeeding(
         status = await other.flush_status(threads[0])
         assert status.pending == counts[threads[0]] - 1
     finally:
-        await asyncio.to_thread(postgres.start)
+        postgres_link.restore()
     assert during >= 20
 
     assert await store.force_flush_all(timeout=30) == len(threads)

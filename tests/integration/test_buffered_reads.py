@@ -12,7 +12,7 @@ import uuid
 from buffered_store.config import ReadConsistency
 from buffered_store.model.records import RunStatus
 from buffered_store.testing import make_messages, make_run
-from tests.integration.conftest import InnerPair, StoreFactory
+from tests.plugins.stores import InnerPair, StoreFactory
 
 
 def tid(prefix: str = "t") -> str:

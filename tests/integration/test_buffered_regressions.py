@@ -27,7 +27,7 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import InnerPair, StoreFactory, SubjectCounter
+from tests.plugins.stores import InnerPair, StoreFactory, SubjectCounter
 
 
 def tid(prefix: str = "t") -> str:

@@ -35,7 +35,7 @@ from buffered_store.threadrun.entry import (
     encode_entry,
 )
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import ConfigFactory, StoreFactory, SubjectCounter, jetstream
+from tests.plugins.stores import ConfigFactory, StoreFactory, SubjectCounter, jetstream
 
 
 def tid(prefix: str = "t") -> str:

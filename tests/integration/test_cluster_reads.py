@@ -25,7 +25,7 @@ from buffered_store.nats import NatsWal
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
-from tests.integration.conftest import jetstream, unique_names
+from tests.plugins.stores import jetstream, unique_names
 
 ROUNDS = 150
 """Write-then-read pairs; a stale-read rate of a few percent shows up many times over."""

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from nats.js.errors import NoStreamResponseError
 
+from buffered_store.dev import processes
 from buffered_store.dev import services as ds
 
 pytestmark = pytest.mark.integration
@@ -184,7 +185,7 @@ def test_postgres_restart_kill_and_stop(pg_server: ds.PostgresServer) -> None:
     # crash: SIGKILL postmaster + children; the next start does crash recovery
     crashed = pg_server.pid
     assert crashed is not None
-    children = ds._child_pids(crashed)
+    children = processes.child_pids(crashed)
     assert children  # checkpointer, walwriter, ...
     pg_server.kill()
     assert not ds.pid_alive(crashed)
@@ -321,10 +322,10 @@ def test_sigterm_while_the_registry_is_busy_still_stops_the_servers() -> None:
     `register`/`unregister` holding the registry's lock (white box: the script holds it)."""
     script = (
         "import time\n"
-        "from buffered_store.dev import services as ds\n"
+        "from buffered_store.dev import processes, services as ds\n"
         "ds.stop_on_sigterm()\n"
         "svc = ds.start_services()\n"
-        "with ds._LIVE_LOCK:\n"
+        "with processes.LIVE_LOCK:\n"
         "    print('PIDS', svc.nats.pid, svc.postgres.pid, flush=True)\n"
         "    time.sleep(600)\n"
     )

@@ -41,7 +41,7 @@ from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.model.records import Message, RunRecord, Thread
 from buffered_store.model.target import FlushTarget
 from buffered_store.nats import NatsWal
-from buffered_store.nats import wal as nats_wal
+from buffered_store.nats import scan as nats_scan
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import (
@@ -53,7 +53,7 @@ from buffered_store.threadrun.entry import (
 )
 from flusher import Flusher, FlusherConfig
 from flusher.quarantine import QuarantineKind, list_quarantine, replay
-from tests.integration.conftest import ConfigFactory, PostgresFactory, jetstream
+from tests.plugins.stores import ConfigFactory, PostgresFactory, jetstream
 
 FAST: dict[str, Any] = {
     "flush_interval_s": 0.05,
@@ -438,7 +438,7 @@ async def test_two_identical_garbage_payloads_give_two_records(
 async def test_garbage_is_dropped_after_bounded_deliveries_without_a_bucket(
     writer: Writer, wal: Any, fconfig: FlusherConfig, flushers: list[Flusher]
 ) -> None:
-    config = replace(fconfig, poison_attempts=2)
+    config = fconfig.replace(poison_attempts=2)
     service = await start(flushers, InMemoryThreadRunStore(), config)
     async with jetstream(fconfig) as js:  # after start re-created it
         await js.delete_key_value(fconfig.quarantine_bucket)
@@ -894,7 +894,7 @@ async def test_a_scan_cut_short_by_the_server_raises_instead_of_returning_less(
 ) -> None:
     """A status other than "no more messages" (a 409 when the consumer goes away) ends a
     consumer scan with `WalUnavailableError`, never with a silently shorter list."""
-    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 2)
+    monkeypatch.setattr(nats_scan, "SCAN_BATCH", 2)
     seqs = [await writer.raw("t0", f"p{i}".encode()) for i in range(6)]
     client = wal._nc  # the test speaks to the scan's inbox directly
     inboxes: list[str] = []
@@ -924,7 +924,7 @@ async def test_read_range_returns_a_slice_of_the_stream_in_order(
 ) -> None:
     """`Wal.read_range` (the Spark overlay's tail read) over more than two pull requests,
     the last one cut short by the range's end."""
-    monkeypatch.setattr(nats_wal, "SCAN_BATCH", 256)
+    monkeypatch.setattr(nats_scan, "SCAN_BATCH", 256)
     seqs = [await writer.raw(f"t{i % 3}", f"p{i}".encode()) for i in range(1200)]
     got = await wal.read_range(seqs[5], seqs[1100])
     assert [m.seq for m in got] == seqs[5:1101]

@@ -23,7 +23,6 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.stores.postgres_pipeline import PipelineConnection
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import ConfigFactory
 from tests.integration.test_flusher import (
     FAST,
     Writer,
@@ -33,6 +32,7 @@ from tests.integration.test_flusher import (
     start,
     tid,
 )
+from tests.plugins.stores import ConfigFactory
 
 
 @pytest.fixture

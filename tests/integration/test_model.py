@@ -64,7 +64,7 @@ from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import delete_wal_objects, unique_names
+from tests.plugins.stores import delete_wal_objects, unique_names
 
 T = TypeVar("T")
 

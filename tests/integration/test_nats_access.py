@@ -11,6 +11,7 @@ JWTs are signed in `access_servers`), TLS with a private CA that verifies client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -38,7 +39,7 @@ from tests.integration.access_servers import (
     make_operator,
     tls_config,
 )
-from tests.integration.conftest import unique_names
+from tests.plugins.stores import unique_names
 
 BUFSTORE = str(Path(sys.executable).with_name("bufstore"))
 GUARD_S = 60.0
@@ -256,6 +257,8 @@ def sigterm_while_connecting(env: dict[str, str]) -> tuple[int, str]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close does not)
         listener.close()
         for conn in held:
             conn.close()

@@ -7,6 +7,7 @@ and given back on stop."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.nats import NatsWal
@@ -64,6 +65,57 @@ async def test_messages_delivered_meanwhile_are_fetched_next(config: BufferedSto
         rest = await delivery.fetch(10, 0.01)
         assert [m.data for m in rest] == [m.data for m in queued]
         assert delivery.requests == 2  # the probe finding nothing, then the waiting one
+        await delivery.close()
+    finally:
+        await wal.close()
+
+
+async def wait_until(check: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_a_probe_hands_out_all_the_server_has_now(config: BufferedStoreConfig) -> None:
+    """Not only the first message of the probe's reply: the rest would otherwise wait in
+    the queue for the next window."""
+    wal = await NatsWal.connect(config)
+    try:
+        for i in range(50):
+            await wal.append(f"{config.stream_name}.t.x", f"m{i}".encode())
+        delivery = await wal.subscribe()
+        taken = await delivery.fetch(100, 5.0)
+        assert [m.data for m in taken] == [f"m{i}".encode() for i in range(50)]
+        await delivery.close()
+    finally:
+        await wal.close()
+
+
+async def test_a_fetch_served_from_the_queue_keeps_a_request_open_for_the_rest(
+    config: BufferedStoreConfig,
+) -> None:
+    """A window that starts with messages delivered during the previous cycle, after the
+    request that delivered them is over, must still receive what is written during it:
+    the flush lag was two windows instead of one at 1,280 checkpoints/s."""
+    subject = f"{config.stream_name}.t.x"
+    wal = await NatsWal.connect(config)
+    try:
+        delivery = await wal.subscribe()
+        assert isinstance(delivery, NatsDelivery)
+        waiting = asyncio.create_task(delivery.fetch(2, 30.0))
+        await wait_until(lambda: delivery.requests == 2, "the waiting request is out")
+        await wal.append(subject, b"m0")
+        assert [m.data for m in await waiting] == [b"m0"]
+        await wal.append(subject, b"m1")  # the request's last one: it is over after this
+        await wait_until(lambda: delivery.waiting == 1, "m1 is delivered")
+        assert not delivery.pulling
+        await wal.append(subject, b"m2")  # nothing pulls it yet
+        assert [m.data for m in await delivery.fetch(10, 30.0)] == [b"m1"]
+        assert delivery.pulling  # a request for the rest of the caller's 30 s
+        await wait_until(lambda: delivery.waiting == 1, "m2 arrives without a fetch")
+        assert [m.data for m in await delivery.fetch(10, 0.001)] == [b"m2"]
+        assert delivery.requests == 3
         await delivery.close()
     finally:
         await wal.close()

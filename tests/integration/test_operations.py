@@ -29,6 +29,7 @@ from click.testing import CliRunner, Result
 
 from buffered_store.cli import main as bufstore
 from buffered_store.config import BufferedStoreConfig
+from buffered_store.dev.proxy import CuttableProxy
 from buffered_store.dev.services import Services
 from buffered_store.logs import JsonFormatter, TextFormatter, ThreadIdMode
 from buffered_store.metrics import StatsCollector, metric_names, serve_metrics
@@ -37,7 +38,7 @@ from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import FaultyFlushTarget, make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import ConfigFactory, PostgresFactory
+from tests.plugins.stores import ConfigFactory, PostgresFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "bufstore-dashboard.json"
@@ -388,18 +389,19 @@ async def test_flusher_process_serves_metrics_and_writes_json_logs(
 
 
 async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
-    services: Services,
     nats_url: str,
     database_url: str,
+    postgres_link: CuttableProxy,
     make_config: ConfigFactory,
     open_postgres: PostgresFactory,
     captured_logs: Capture,
 ) -> None:
-    if not services.postgres_managed:
-        pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
-    postgres = services.postgres
-    assert postgres is not None
-    pg = await open_postgres()
+    """Postgres goes away for the flusher and for `bufstore health` (a cut link to the
+    shared server): health fails on postgres, then on lag; once the link is back, it
+    passes again and the flusher logged one outage, not one line per retry."""
+    # Everything that must see the outage reaches Postgres through the link.
+    database_url = postgres_link.via(database_url)
+    pg = await open_postgres(url=database_url)
     config = make_config(**SHARED)
     env = _env(config, nats_url)
     max_lag_s = 1.5
@@ -437,7 +439,7 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
             ["OK", "postgres"],
         ]
 
-        await asyncio.to_thread(postgres.stop)
+        postgres_link.cut()
         try:
             started = time.monotonic()
             down = await health("--database-url", database_url, "--timeout", "3")
@@ -474,11 +476,11 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
                 "nats": "ok",
                 "backlog": "ok",
                 "lag": "fail",
-                "flusher": "ok",  # it runs, retrying against the stopped Postgres
+                "flusher": "ok",  # it runs, retrying against the unreachable Postgres
                 "postgres": "skip",
             }
         finally:
-            await asyncio.to_thread(postgres.start)
+            postgres_link.restore()
 
         async def recovered() -> bool:
             result = await health("--database-url", database_url)

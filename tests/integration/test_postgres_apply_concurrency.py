@@ -22,8 +22,8 @@ from buffered_store.model.changes import (
 )
 from buffered_store.model.messages import decode_message
 from buffered_store.stores.postgres import PostgresThreadRunStore
-from tests.integration.conftest import PostgresFactory
 from tests.integration.test_postgres_store import Chain, msgs
+from tests.plugins.stores import PostgresFactory
 
 ROUNDS = 25
 THREADS_PER_ROUND = 12

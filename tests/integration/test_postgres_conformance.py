@@ -1,4 +1,5 @@
-"""The `ThreadRunStore` and `FlushTarget` conformance suites against `PostgresThreadRunStore`.
+"""The `ThreadRunStore` and `FlushTarget` conformance suites against `PostgresThreadRunStore`,
+through pytest (`pytest_suite`) and through `validate()`.
 
 Each test gets a fresh schema (migrated by ``connect(..., migrate=True)``) that is dropped
 afterwards, so `store` is empty and owned by the test, and `empty_store` is the same store.
@@ -16,8 +17,8 @@ import pytest
 from buffered_store import PostgresThreadRunStore, StoreClosedError, ThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.testing import InnerStore
-from tests.conformance.flush_target import FlushTargetContract
-from tests.conformance.suite import ThreadRunStoreContract
+from buffered_store.testing.conformance import flush_target_test, thread_run_store_test, validate
+from buffered_store.testing.conformance.pytest_suite import FlushTargetSuite, ThreadRunStoreSuite
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ async def _drop_schema(database_url: str, schema: str) -> None:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-class TestPostgresConformance(ThreadRunStoreContract):
+class TestPostgresConformance(ThreadRunStoreSuite):
     """The suite with the store's snapshot cache on (the default) and off."""
 
     @pytest.fixture(params=["cached", "uncached"])
@@ -55,7 +56,7 @@ class TestPostgresConformance(ThreadRunStoreContract):
         return store
 
 
-class TestPostgresFlushTarget(FlushTargetContract):
+class TestPostgresFlushTarget(FlushTargetSuite):
     """The `FlushTarget` contract, on a fresh schema per test."""
 
     @pytest.fixture
@@ -69,3 +70,29 @@ class TestPostgresFlushTarget(FlushTargetContract):
                 await store.close()
         finally:
             await _drop_schema(database_url, schema)
+
+
+async def test_validate_passes_against_postgres(database_url: str) -> None:
+    """The user's way in (`validate()`, no pytest): a factory making a fresh schema per
+    call, a lifespan dropping them all at the end."""
+    schemas: list[str] = []
+
+    async def lifespan() -> AsyncIterator[None]:
+        yield
+        for schema in schemas:
+            await _drop_schema(database_url, schema)
+
+    async def fresh_store() -> AsyncIterator[PostgresThreadRunStore]:
+        schemas.append(f"cv_{uuid.uuid4().hex[:16]}")
+        store = await PostgresThreadRunStore.connect(database_url, schema=schemas[-1], migrate=True)
+        yield store
+        with contextlib.suppress(StoreClosedError):
+            await store.close()
+
+    for registered in (
+        thread_run_store_test("postgres", lifespan=lifespan)(fresh_store),
+        flush_target_test("postgres", lifespan=lifespan)(fresh_store),
+    ):
+        report = await validate(registered)
+        assert report.passed_all(), report.summary()
+        assert len(report.results) == len(registered.checks())

@@ -27,7 +27,7 @@ from buffered_store.nats import NatsWal
 from buffered_store.testing import InnerStore, make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import StoreFactory, jetstream
+from tests.plugins.stores import StoreFactory, jetstream
 
 
 def tid(label: str = "t") -> str:

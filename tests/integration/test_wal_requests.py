@@ -24,8 +24,8 @@ from buffered_store.engine.keys import hot_key
 from buffered_store.engine.ports import KvValue
 from buffered_store.errors import WalUnavailableError
 from buffered_store.nats import NatsWal
-from buffered_store.nats.wal import ReplyInbox, until_answered
-from tests.integration.conftest import ConfigFactory, jetstream
+from buffered_store.nats.requests import ReplyInbox, until_answered
+from tests.plugins.stores import ConfigFactory, jetstream
 
 
 @pytest.fixture
@@ -231,3 +231,26 @@ async def test_concurrent_unanswered_requests_each_time_out_at_their_own_timeout
         assert answered is not None
         assert answered.data == b"ok"
         await asyncio.sleep(0.1)  # idle: nothing waits for a while
+
+
+async def test_the_wal_counts_its_requests_and_leaves_the_client_alone(
+    config: BufferedStoreConfig,
+) -> None:
+    """Every JetStream request nats-py makes for the WAL is counted (and recorded when
+    asked), through the view of the connection its JetStream context was given: the
+    client's own `request` is never replaced."""
+    wal = await NatsWal.connect(config)
+    try:
+        client = wal._nc
+        assert "request" not in vars(client)
+        recorded = wal.record_requests()
+        before = wal.requests
+        await wal.last_seq()
+        assert wal.requests - before == 1
+        assert recorded == [f"$JS.API.STREAM.INFO.{config.stream_name}"]
+        await wal.publish(
+            f"{config.stream_name}.t.x", b"e", msg_id="c1", expected_last_subject_seq=0
+        )
+        assert wal.requests - before == 2  # the write path's own inbox counts too
+    finally:
+        await wal.close()

@@ -41,8 +41,7 @@ from buffered_store.engine.ports import Wal
 from buffered_store.errors import WalUnavailableError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver
 from flusher import Flusher
-from tests.langgraph.conftest import icu_schemas_of, two_schemas
-from tests.langgraph.helpers import fresh_config
+from tests.langgraph.helpers import fresh_config, icu_schemas_of, two_schemas
 
 SEEDS = ((1, "C"), (2, "C"), (3, "C"), (4, "C"), (5, "icu"))
 """(random seed, database collation): under ICU ``en-US`` the checkpoint ids are not

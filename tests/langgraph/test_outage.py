@@ -2,7 +2,9 @@
 graphs' reads come from the WAL alone (a thread the WAL holds from its first entry), and
 once Postgres is back the flush brings LangGraph's tables to exactly that state.
 
-The test stops the session's own Postgres (`services`), as the thread-run outage tests do.
+The savers reach Postgres through a `CuttableProxy` (tests/plugins/network.py) and the
+outage is a cut of that link, as in the thread-run outage tests: the shared server keeps
+serving every other test, and the reference reads afterwards go to it directly.
 """
 
 from __future__ import annotations
@@ -11,25 +13,22 @@ import asyncio
 import uuid
 from typing import Any
 
-import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.types import Command
 
-from buffered_store.dev.services import Services
+from buffered_store.dev.proxy import CuttableProxy
 from buffered_store.errors import DatabaseUnavailableError
 from buffered_store.langgraph import BufferedCheckpointSaver, LangGraphConfig
 from tests.langgraph.graph import build_graph
 
 
 async def test_graphs_on_new_threads_run_through_a_postgres_outage(
-    services: Services, lg_config: LangGraphConfig, pg_dsn: str
+    lg_config: LangGraphConfig, pg_dsn: str, postgres_link: CuttableProxy
 ) -> None:
-    if not services.postgres_managed:
-        pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
-    postgres = services.postgres
-    assert postgres is not None
-    config = lg_config.replace(drain_on_close=False, db_timeout_s=0.5)
+    config = lg_config.replace(
+        database_url=postgres_link.via(pg_dsn), drain_on_close=False, db_timeout_s=0.5
+    )
     old = f"old-{uuid.uuid4().hex[:8]}"
     threads = [f"outage-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
     runs: dict[str, RunnableConfig] = {
@@ -42,7 +41,7 @@ async def test_graphs_on_new_threads_run_through_a_postgres_outage(
         await graph.ainvoke(Command(resume="before"), runs[old])
         assert await saver.force_flush_all() == 1
 
-        await asyncio.to_thread(postgres.stop)
+        postgres_link.cut()
         try:
             for thread_id in threads:
                 out = await graph.ainvoke({"items": [thread_id], "answer": ""}, runs[thread_id])
@@ -64,7 +63,7 @@ async def test_graphs_on_new_threads_run_through_a_postgres_outage(
             # holds its entries from its first one on.
             assert (await graph.aget_state(runs[old])).values["answer"] == "before"
         finally:
-            await asyncio.to_thread(postgres.start)
+            postgres_link.restore()
 
         # The pool reconnects with a backoff grown during the outage: until it has, a
         # flush fails fast (retriable), as it did while Postgres was down.
@@ -99,17 +98,15 @@ async def flush_once_back(saver: BufferedCheckpointSaver) -> int:
 
 
 async def test_the_saver_starts_while_postgres_is_down(
-    services: Services, lg_config: LangGraphConfig, pg_dsn: str
+    lg_config: LangGraphConfig, pg_dsn: str, postgres_link: CuttableProxy
 ) -> None:
     """A process restarted during an outage starts, with the default pool (one connection
     kept open), runs a graph on a new thread and resumes the one the process before it
     left interrupted in the WAL; once Postgres is back their writes flush.
     (On main before this change: `DatabaseUnavailableError` after 10 s in connect.)"""
-    if not services.postgres_managed:
-        pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
-    postgres = services.postgres
-    assert postgres is not None
-    config = lg_config.replace(drain_on_close=False, db_timeout_s=0.5)
+    config = lg_config.replace(
+        database_url=postgres_link.via(pg_dsn), drain_on_close=False, db_timeout_s=0.5
+    )
     assert config.pool_min_size == 1
     thread_id = f"cold-start-{uuid.uuid4().hex[:8]}"
     earlier = f"before-restart-{uuid.uuid4().hex[:8]}"
@@ -118,7 +115,7 @@ async def test_the_saver_starts_while_postgres_is_down(
     # The process before the restart left a thread interrupted, in the WAL only.
     async with BufferedCheckpointSaver.connect(config) as saver:
         await build_graph(saver).ainvoke({"items": ["e"], "answer": ""}, run_earlier)
-    await asyncio.to_thread(postgres.stop)
+    postgres_link.cut()
     try:
         started = asyncio.get_running_loop().time()
         async with BufferedCheckpointSaver.connect(config) as saver:
@@ -130,10 +127,10 @@ async def test_the_saver_starts_while_postgres_is_down(
             assert done == {"items": ["cold", "done:down"], "answer": "down"}
             resumed = await graph.ainvoke(Command(resume="after"), run_earlier)
             assert resumed == {"items": ["e", "done:after"], "answer": "after"}
-            await asyncio.to_thread(postgres.start)
+            postgres_link.restore()
             assert await flush_once_back(saver) == 2
     finally:
-        await asyncio.to_thread(postgres.start)
+        postgres_link.restore()
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as reference:
         theirs = build_graph(reference)
         assert (await theirs.aget_state(run)).values == done
@@ -141,18 +138,16 @@ async def test_the_saver_starts_while_postgres_is_down(
 
 
 async def test_a_read_that_loses_postgres_half_way_answers_from_the_wal(
-    services: Services, lg_config: LangGraphConfig, pg_dsn: str
+    lg_config: LangGraphConfig, pg_dsn: str, postgres_link: CuttableProxy
 ) -> None:
     """Postgres stops between a read's first statement (rows and watermark, answered) and
     its second (the stored blobs and writes of the unflushed checkpoints): the read
     answers from the WAL, as one that found Postgres down does. (On main before this
     change: `DatabaseUnavailableError` "read blobs".) Deterministic: the stop happens in
     the read, not in a race with it."""
-    if not services.postgres_managed:
-        pytest.skip("Postgres is external (DATABASE_URL): this test must stop it")
-    postgres = services.postgres
-    assert postgres is not None
-    config = lg_config.replace(drain_on_close=False, db_timeout_s=0.5)
+    config = lg_config.replace(
+        database_url=postgres_link.via(pg_dsn), drain_on_close=False, db_timeout_s=0.5
+    )
     thread_id = f"half-way-{uuid.uuid4().hex[:8]}"
     run: RunnableConfig = {"configurable": {"thread_id": thread_id}}
     async with BufferedCheckpointSaver.connect(config) as saver:
@@ -170,7 +165,7 @@ async def test_a_read_that_loses_postgres_half_way_answers_from_the_wal(
             found = await read(*args, **kwargs)
             if not stopped:
                 stopped.append(args[0])
-                await asyncio.to_thread(postgres.stop)
+                postgres_link.cut()
             return found
 
         saver.sink.read = read_then_lose_postgres  # type: ignore[method-assign]
@@ -184,7 +179,7 @@ async def test_a_read_that_loses_postgres_half_way_answers_from_the_wal(
             assert [s.config async for s in graph.aget_state_history(run)] == want_history
         finally:
             saver.sink.read = read  # type: ignore[method-assign]
-            await asyncio.to_thread(postgres.start)
+            postgres_link.restore()
         assert await flush_once_back(saver) == 1
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as reference:
         assert (await build_graph(reference).aget_state(run)).values == done

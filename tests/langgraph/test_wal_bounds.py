@@ -15,7 +15,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from buffered_store.errors import WalFullError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
 from flusher import Flusher, FlusherConfig
-from tests.integration.conftest import jetstream
+from tests.plugins.stores import jetstream
 
 
 def cfg(thread_id: str) -> RunnableConfig:

@@ -20,11 +20,10 @@ import pytest
 
 from buffered_store.config import EngineConfig
 from buffered_store.errors import ConfigError
+from buffered_store.spark.condense import Condensed, condense_tail
 from buffered_store.spark.datasource import (
     ENTRY_SCHEMA,
-    Condensed,
     TailRead,
-    condense_tail,
     entry_row,
     gc_paused,
     split_range,

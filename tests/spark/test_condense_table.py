@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from buffered_store.spark.condense import (
     OVERLAY_ARROW,
     RUN_VERSION_ARROW,
+    Condensed,
     CondensedTable,
     condense_table,
+    condense_tail,
 )
 from buffered_store.spark.datasource import (
     ENTRY_ARROW,
-    Condensed,
-    condense_tail,
     entry_batch,
     run_column,
     run_row,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -14,11 +15,14 @@ from buffered_store.spark.session import (
     POSTGRES_JDBC_PACKAGE,
     JdbcDriver,
     SparkSetupError,
+    check_master,
     configure_worker_python,
+    driver_on_loopback,
     find_java,
     find_jdbc_driver,
     java_version,
     session_conf,
+    standalone_masters,
 )
 
 
@@ -95,3 +99,49 @@ def test_session_settings() -> None:
     assert submitted["a"] == "b"
     cluster = session_conf(master="spark://h:7077", driver=driver, submitted=False)
     assert "spark.driver.bindAddress" not in cluster
+
+
+def test_standalone_master_urls() -> None:
+    assert standalone_masters("spark://h:7078") == [("h", 7078)]
+    assert standalone_masters("spark://h1:7077,h2") == [("h1", 7077), ("h2", 7077)]
+    assert standalone_masters("spark://[::1]:7079") == [("::1", 7079)]
+    assert standalone_masters("local[2]") == []
+    assert standalone_masters("yarn") == []
+    with pytest.raises(SparkSetupError, match="bad port"):
+        standalone_masters("spark://h:x")
+    with pytest.raises(SparkSetupError, match="names no host"):
+        standalone_masters("spark://")
+
+
+def test_the_driver_binds_loopback_when_the_master_is_there() -> None:
+    hosts = {"localhost": ["127.0.0.1", "::1"], "laptop": ["127.0.1.1"], "db": ["10.0.0.5"]}
+
+    def resolve(host: str) -> list[str]:
+        return hosts.get(host, [])
+
+    for master in ("local[*]", "spark://127.0.0.1:7077", "spark://localhost", "spark://laptop"):
+        conf = session_conf(master=master, driver=None, submitted=False, resolve=resolve)
+        assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1"
+    # A master elsewhere (or partly elsewhere, or unknown): Spark picks the address.
+    for master in ("spark://db:7077", "spark://127.0.0.1:7077,db:7077", "spark://nowhere"):
+        conf = session_conf(master=master, driver=None, submitted=False, resolve=resolve)
+        assert "spark.driver.host" not in conf
+    assert driver_on_loopback("yarn", resolve) is False
+
+
+def test_a_master_that_does_not_answer_fails_at_once_naming_the_url() -> None:
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        up, down = listening.getsockname()[1], closed.getsockname()[1]
+        check_master(f"spark://127.0.0.1:{up}")
+        check_master(f"spark://127.0.0.1:{down},127.0.0.1:{up}")  # one of two HA masters
+        url = f"spark://127.0.0.1:{down}"
+        with pytest.raises(SparkSetupError) as info:
+            check_master(url)
+    message = str(info.value)
+    assert message.startswith(f"no Spark master at {url} (127.0.0.1:{down}: Connection refused)")
+    assert "\n" not in message
+    with pytest.raises(SparkSetupError, match="not a known host"):
+        check_master("spark://no-such-host.invalid:7077")

@@ -19,6 +19,16 @@ alone, and each folder should depend only on what its name promises:
 - The front-ends get the engine assembled (`engine.buffer.WriteBuffer`: writer, thread
   log, pending index, locks, flushing, closing), never build it from its parts.
 - No module imports another module's private (``_``-prefixed) names.
+- The rest of the library imports the NATS adapter as a package (`buffered_store.nats`),
+  never one of its modules; inside it, the leaves (errors, requests, scans, the connect
+  policy) import none of the modules that build on them.
+- In `buffered_store.dev`, a server module (NATS, Postgres) imports what the servers
+  share (`common`, `processes`), never another server module or the assembly
+  (`services`); containers import the local servers' helpers, not the assembly.
+- No module patches a client's `request` (the NATS adapter counts requests on a view of
+  the connection it hands nats-py, not by replacing the client's method), and the modules
+  of `buffered_store/nats`, `buffered_store/dev`, the configuration and `flusher` stay
+  under 600 lines.
 
 The benchmark harness (`benchmarks/`, installed as `buffered_store.benchmarks`) and the
 migrations are outside these rules: the harness's raw loop measures JetStream itself.
@@ -68,6 +78,8 @@ def within(module: str, *prefixes: str) -> bool:
 
 
 GRAPH = {module: imports_of(module, path) for module, path in modules()}
+NATS_MODULES = tuple(sorted(m for m in GRAPH if m.startswith("buffered_store.nats.")))
+DEV = "buffered_store.dev"
 
 
 def offenders(
@@ -194,6 +206,67 @@ RULES = {
         ),
         (),
     ),
+    "the rest of the library imports the NATS adapter's package, not its modules": (
+        LIBRARY,
+        NATS_MODULES,
+        ("buffered_store.nats",),
+    ),
+    "the NATS adapter's leaves import nothing that builds on them": (
+        (
+            "buffered_store.nats.errors",
+            "buffered_store.nats.connect_policy",
+            "buffered_store.nats.requests",
+            "buffered_store.nats.scan",
+        ),
+        tuple(
+            m
+            for m in NATS_MODULES
+            if m not in ("buffered_store.nats.errors", "buffered_store.nats.connect_policy")
+        ),
+        (),
+    ),
+    "what the dev servers share imports no server": (
+        (f"{DEV}.common", f"{DEV}.processes"),
+        tuple(
+            f"{DEV}.{m}"
+            for m in ("nats_server", "postgres_server", "containers", "cluster", "services", "demo")
+        ),
+        (),
+    ),
+    "a dev server module imports no other server module nor the assembly": (
+        (f"{DEV}.nats_server", f"{DEV}.postgres_server"),
+        tuple(
+            f"{DEV}.{m}"
+            for m in ("nats_server", "postgres_server", "containers", "cluster", "services", "demo")
+        ),
+        (),
+    ),
+    "the dev containers and cluster do not import the assembly": (
+        (f"{DEV}.containers", f"{DEV}.cluster"),
+        (f"{DEV}.services", f"{DEV}.demo"),
+        (),
+    ),
+    "the configuration's roles import no part that uses them": (
+        ("buffered_store.config",),
+        (
+            "buffered_store.engine",
+            "buffered_store.nats",
+            "buffered_store.threadrun",
+            "buffered_store.langgraph",
+            "buffered_store.stores",
+            "buffered_store.spark",
+            "buffered_store.cli",
+            "buffered_store.dev",
+            "buffered_store.testing",
+            "flusher",
+            "nats",
+            "sqlalchemy",
+            "psycopg",
+            "pyspark",
+            "langgraph",
+        ),
+        (),
+    ),
     "the flusher's machinery is front-end agnostic": (
         ("flusher",),
         ("buffered_store.threadrun", "buffered_store.langgraph", "buffered_store.stores"),
@@ -215,6 +288,9 @@ def test_the_checker_sees_what_it_should() -> None:
     assert "buffered_store.nats" in GRAPH["buffered_store.threadrun.store"]
     assert offenders(("buffered_store.langgraph",), ("langgraph",)) != []
     assert len(GRAPH) > 60
+    assert {"buffered_store.nats.requests", "buffered_store.nats.wal"} <= set(NATS_MODULES)
+    assert offenders(("buffered_store.nats.wal",), NATS_MODULES) != []
+    assert offenders((f"{DEV}.nats_server",), (f"{DEV}.common", f"{DEV}.processes")) != []
     relative = ROOT / "buffered_store" / "engine" / "entries.py"
     assert "buffered_store.errors" in imports_of("buffered_store.engine.entries", relative)
 
@@ -236,3 +312,31 @@ def test_no_module_imports_private_names_of_another() -> None:
         and not name.rpartition(".")[2].startswith("__")
     )
     assert found == []
+
+
+def test_no_module_replaces_a_request_method() -> None:
+    """Request counting must not patch a client: an assignment to any ``.request``
+    attribute would be exactly that."""
+    found = sorted(
+        f"{module}:{node.lineno}"
+        for module, path in modules()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr == "request"
+    )
+    assert found == []
+
+
+SIZE_CHECKED = ("buffered_store.nats", DEV, "buffered_store.config", "flusher")
+MAX_LINES = 600
+
+
+def test_the_split_packages_keep_their_modules_small() -> None:
+    too_long = sorted(
+        f"{module}: {lines} lines"
+        for module, path in modules()
+        if within(module, *SIZE_CHECKED)
+        and (lines := len(path.read_text().splitlines())) > MAX_LINES
+    )
+    assert too_long == []

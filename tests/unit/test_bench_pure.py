@@ -33,7 +33,13 @@ if TYPE_CHECKING:
         thread_slots,
     )
     from benchmarks.scenarios.langgraph_report import compare, judge
-    from benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
+    from benchmarks.scenarios.spark_split import (
+        SPLIT_STEPS,
+        cost_split,
+        cpu_medians,
+        cpu_meter,
+        cpu_used,
+    )
     from benchmarks.scenarios.writer_cpu import flatness, side_figures
     from benchmarks.sides import sample_loop
     from benchmarks.workload import Workload, make_threads, seed, write_step
@@ -52,7 +58,13 @@ else:
         thread_slots,
     )
     from buffered_store.benchmarks.scenarios.langgraph_report import compare, judge
-    from buffered_store.benchmarks.scenarios.spark_overlay import SPLIT_STEPS, cost_split
+    from buffered_store.benchmarks.scenarios.spark_split import (
+        SPLIT_STEPS,
+        cost_split,
+        cpu_medians,
+        cpu_meter,
+        cpu_used,
+    )
     from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
     from buffered_store.benchmarks.sides import sample_loop
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
@@ -249,6 +261,33 @@ def test_a_join_measured_faster_than_the_plain_scan_adds_nothing_to_the_floor() 
     assert split["floor_ratio"] == pytest.approx(1.25)
     assert split["tail_floor_ratio"] == pytest.approx(1.25)
     assert cost_split([], plain=1.0) == {}
+
+
+def test_a_read_cpu_is_the_difference_of_two_samples_and_its_total_needs_every_part() -> None:
+    before = {"spark_s": 1.0, "postgres_s": 2.0, "nats_s": None}
+    after = {"spark_s": 1.5, "postgres_s": 2.25, "nats_s": None}
+    assert cpu_used(before, after) == {"spark_s": 0.5, "postgres_s": 0.25, "nats_s": None}
+    full = [{"cpu": {"spark_s": s, "postgres_s": 0.5, "nats_s": 0.125}} for s in (1, 3, 2)]
+    assert cpu_medians(full) == {
+        "spark_s": 2.0,
+        "postgres_s": 0.5,
+        "nats_s": 0.125,
+        "total_s": 2.625,
+    }
+    # A server the run did not start (an external URL) has no figure, nor has the total.
+    partial = [{"cpu": {"spark_s": 1.0, "postgres_s": None, "nats_s": 0.1}}]
+    assert cpu_medians(partial)["total_s"] is None
+
+
+def test_the_cpu_meter_counts_this_process_and_skips_servers_not_started() -> None:
+    meter = cpu_meter({"nats_server": None, "postgres": None})
+    first = meter()
+    sum(i * i for i in range(300_000))  # some CPU in this process
+    used = cpu_used(first, meter())
+    assert used["spark_s"] is not None
+    assert used["spark_s"] >= 0
+    assert used["postgres_s"] is None
+    assert used["nats_s"] is None
 
 
 async def test_a_sampler_ends_on_its_event_even_when_its_probe_swallows_a_cancellation(

@@ -31,10 +31,9 @@ from buffered_store.testing import (
     make_run,
     open_memory_store,
 )
+from buffered_store.testing.conformance import FlushedWrites, fresh_id
+from buffered_store.testing.conformance.pytest_suite import ThreadRunStoreSuite
 from flusher import Flusher
-from tests.conformance.flushed import FlushedWrites
-from tests.conformance.helpers import fresh_id
-from tests.conformance.suite import ThreadRunStoreContract
 
 MODES = list(ReadConsistency)
 
@@ -51,7 +50,7 @@ async def shared_store(mode: ReadConsistency) -> AsyncIterator[ThreadRunStore]:
     await store.close()
 
 
-class TestBufferedOverMemoryWal(ThreadRunStoreContract):
+class TestBufferedOverMemoryWal(ThreadRunStoreSuite):
     """The whole suite, in each mode; no flusher (reads overlay the WAL or flush first)."""
 
     @pytest.fixture

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from buffered_store.config import BufferedStoreConfig, EngineConfig, ReadConsistency
+from buffered_store.config import (
+    BufferedStoreConfig,
+    ConnectionSettings,
+    EngineConfig,
+    ReadConsistency,
+)
 from buffered_store.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
@@ -76,7 +81,7 @@ def test_from_env_rejects_bad_values_with_the_variable_name(
 )
 def test_invalid_values_are_rejected_at_construction(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        BufferedStoreConfig(**changes)  # type: ignore[arg-type]
+        BufferedStoreConfig(**changes)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +108,7 @@ def test_read_from_comes_from_the_environment() -> None:
 def test_config_is_frozen_and_replace_validates() -> None:
     config = BufferedStoreConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.stream_name = "OTHER"  # type: ignore[misc]
+        config.stream_name = "OTHER"
     assert config.replace(stream_name="OTHER").stream_name == "OTHER"
     with pytest.raises(ConfigError):
         config.replace(flush_interval_s=-1)
@@ -124,18 +129,18 @@ def test_every_setting_is_documented_with_its_variable() -> None:
     from flusher import FlusherConfig
 
     text = DOCS.read_text()
-    fields = {*dataclasses.fields(BufferedStoreConfig), *dataclasses.fields(FlusherConfig)}
-    for field in fields:
-        assert f"`{field.name}`" in text, f"{field.name} missing from {DOCS.name}"
-        assert f"BUFSTORE_{field.name.upper()}" in text
+    names = {*BufferedStoreConfig.knob_names(), *FlusherConfig.knob_names()}
+    for name in names:
+        assert f"`{name}`" in text, f"{name} missing from {DOCS.name}"
+        assert f"BUFSTORE_{name.upper()}" in text
 
 
 def test_raw_credentials_reach_nats_as_the_file_contents(tmp_path: Path) -> None:
     from buffered_store.nats.connection import credentials_option
 
     raw = "-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n"
-    assert str(credentials_option(EngineConfig(credentials=raw))) == raw
+    assert str(credentials_option(ConnectionSettings(credentials=raw))) == raw
     creds = tmp_path / "user.creds"
     creds.write_text("x")
-    assert credentials_option(EngineConfig(credentials=str(creds))) == str(creds)
-    assert credentials_option(EngineConfig()) is None
+    assert credentials_option(ConnectionSettings(credentials=str(creds))) == str(creds)
+    assert credentials_option(ConnectionSettings()) is None

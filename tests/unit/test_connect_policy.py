@@ -9,7 +9,7 @@ import ssl
 import nats.errors
 import pytest
 
-from buffered_store.config import EngineConfig
+from buffered_store.config import ConnectionSettings, EngineConfig
 from buffered_store.errors import ConfigError
 from buffered_store.nats.connect_policy import Failure, classify, describe
 from buffered_store.nats.connection import ConnectionLog, tls_context
@@ -105,8 +105,8 @@ async def test_first_connection_attempts_and_a_deliberate_close_log_nothing(
 
 def test_tls_files_that_do_not_exist_are_a_configuration_error(tmp_path: object) -> None:
     with pytest.raises(ConfigError, match="TLS"):
-        tls_context(EngineConfig(tls_ca_file="/nonexistent/ca.pem"))
-    assert tls_context(EngineConfig()) is None
+        tls_context(ConnectionSettings(tls_ca_file="/nonexistent/ca.pem"))
+    assert tls_context(ConnectionSettings()) is None
 
 
 def test_a_key_without_its_certificate_is_refused() -> None:

@@ -108,4 +108,4 @@ def test_langgraph_config_from_env_honours_database_url_and_nats_url() -> None:
 )
 def test_langgraph_config_is_validated(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        LangGraphConfig(**bad)  # type: ignore[arg-type]
+        LangGraphConfig(**bad)

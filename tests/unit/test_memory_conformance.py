@@ -17,17 +17,17 @@ from buffered_store import (
 )
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from tests.conformance.flush_target import (
+from buffered_store.testing.conformance import (
+    T0,
     Chain,
-    FlushTargetContract,
     TickingClock,
+    fresh_id,
     replace_entry,
 )
-from tests.conformance.helpers import T0, fresh_id
-from tests.conformance.suite import ThreadRunStoreContract
+from buffered_store.testing.conformance.pytest_suite import FlushTargetSuite, ThreadRunStoreSuite
 
 
-class TestInMemoryConformance(ThreadRunStoreContract):
+class TestInMemoryConformance(ThreadRunStoreSuite):
     """The suite with the real clock and with a fake one."""
 
     @pytest.fixture(params=["real-clock", "ticking-clock"])
@@ -45,7 +45,7 @@ class TestInMemoryConformance(ThreadRunStoreContract):
         return store
 
 
-class TestFaultyWrapperConformance(ThreadRunStoreContract):
+class TestFaultyWrapperConformance(ThreadRunStoreSuite):
     """`FaultyFlushTarget` with no fault armed is indistinguishable from its inner store."""
 
     @pytest.fixture
@@ -59,7 +59,7 @@ class TestFaultyWrapperConformance(ThreadRunStoreContract):
         return store
 
 
-class TestInMemoryFlushTarget(FlushTargetContract):
+class TestInMemoryFlushTarget(FlushTargetSuite):
     """The `FlushTarget` contract, directly and through an idle `FaultyFlushTarget`."""
 
     @pytest.fixture(params=["direct", "wrapped"])

@@ -22,7 +22,7 @@ from buffered_store.model.changes import (
 from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.model.target import FlushTarget
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
-from tests.conformance.helpers import fresh_id
+from buffered_store.testing.conformance import fresh_id
 
 
 def _entries(thread_id: str, count: int) -> list[WalEntry]:

@@ -11,7 +11,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from buffered_store.nats.wal import may_appear, until_answered
+from buffered_store.nats.requests import may_appear, until_answered
 
 REPLY = Msg(_client=None, subject="reply", data=b"ok")  # type: ignore[arg-type]
 

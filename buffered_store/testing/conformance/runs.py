@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta, timezone
 
-import pytest
-
 from buffered_store import RunOwnershipError, RunStatus, ThreadRunStore
 
+from .assertions import raises
 from .helpers import at, fresh_id, make_messages, make_run
 
 
 class RunContract:
     """Runs are upserted by `run_id`; `latest_run` is the run of the latest checkpoint."""
+
+    group = "runs"
 
     async def test_unknown_thread_reads_are_empty(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
@@ -118,7 +119,7 @@ class RunContract:
         await store.checkpoint(owner, make_messages(1), run)
         own = make_run(other, created_at=at(1))
         await store.checkpoint(other, make_messages(1), own)
-        with pytest.raises(RunOwnershipError) as caught:
+        with raises(RunOwnershipError) as caught:
             await store.checkpoint(other, make_messages(2), run.replace(thread_id=other))
         assert (caught.value.run_id, caught.value.owner_thread_id) == (run.run_id, owner)
         assert owner in str(caught.value)
@@ -138,7 +139,7 @@ class RunContract:
         owner, newcomer = fresh_id(), fresh_id()
         run = make_run(owner)
         await store.checkpoint(owner, make_messages(1), run)
-        with pytest.raises(RunOwnershipError) as caught:
+        with raises(RunOwnershipError) as caught:
             await store.checkpoint(newcomer, make_messages(1), run.replace(thread_id=newcomer))
         assert caught.value.owner_thread_id == owner
         assert await store.load_thread(newcomer) is None

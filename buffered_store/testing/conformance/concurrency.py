@@ -12,6 +12,8 @@ from .helpers import fresh_id, make_messages, make_run
 class ConcurrencyContract:
     """Concurrent writers never lose, mix or duplicate checkpoints."""
 
+    group = "concurrency"
+
     async def test_concurrent_checkpoints_on_different_threads(self, store: ThreadRunStore) -> None:
         ids = [fresh_id() for _ in range(16)]
         runs = {tid: make_run(tid) for tid in ids}

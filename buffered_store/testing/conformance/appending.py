@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from buffered_store import ThreadRunStore, ValidationError
 
+from .assertions import cases, raises
 from .helpers import as_any, fresh_id, make_messages, make_run
 
 
 class AppendContract:
     """`append` extends the store's snapshot (never the caller's list) and is otherwise
     a checkpoint: same receipts, summaries, runs and validation."""
+
+    group = "append"
 
     async def test_append_to_a_new_thread_creates_it(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
@@ -109,7 +110,7 @@ class AppendContract:
         by_seq = sorted(zip(receipts, new, strict=True), key=lambda p: p[0].thread_seq)
         assert stored[1:] == [m for _, m in by_seq]
 
-    @pytest.mark.parametrize(
+    @cases(
         "messages",
         [
             "text",
@@ -128,7 +129,7 @@ class AppendContract:
         run = make_run(tid)
         await store.checkpoint(tid, make_messages(2), run)
         bad_run = make_run(tid)
-        with pytest.raises(ValidationError) as info:
+        with raises(ValidationError) as info:
             await store.append(tid, as_any(messages), bad_run)
         assert info.type is ValidationError
         assert await store.load_messages(tid) == make_messages(2)
@@ -138,7 +139,7 @@ class AppendContract:
     async def test_append_rejects_a_run_of_another_thread(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         other = make_run(fresh_id())
-        with pytest.raises(ValidationError):
+        with raises(ValidationError):
             await store.append(tid, make_messages(1), other)
         assert await store.load_thread(tid) is None
         assert await store.load_run(other.run_id) is None

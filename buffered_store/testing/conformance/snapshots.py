@@ -10,6 +10,8 @@ from .helpers import fresh_id, make_messages, make_run
 class SnapshotContract:
     """`checkpoint` stores the full snapshot; `load_messages` returns the latest one."""
 
+    group = "snapshots"
+
     async def test_messages_round_trip(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         messages = make_messages(3)

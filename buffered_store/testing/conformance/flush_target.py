@@ -1,15 +1,10 @@
-"""`FlushTargetContract`: the `FlushTarget` behaviour every native inner store must have.
+"""`FlushTargetContract`: the `FlushTarget` behaviour every native inner store must have
+(the flush sink of the thread-run front-end: what the flusher applies WAL entries to).
 
-Usage::
-
-    class TestMyTarget(FlushTargetContract):
-        @pytest.fixture
-        async def target(self) -> AsyncIterator[InnerStore]:
-            ...  # a FRESH, EMPTY store implementing ThreadRunStore and FlushTarget
-
-The `target` fixture must be empty when the test starts and owned by the test (listings
-are checked without filters). Entries are built with `Chain`, exactly as the buffered
-writer builds them, and the results are read back through both protocols.
+Every check gets a FRESH, EMPTY store implementing both `ThreadRunStore` and `FlushTarget`,
+owned by that check (listings are checked without filters). Entries are built with
+`Chain`, exactly as the buffered writer builds them, and the results are read back
+through both protocols.
 """
 
 from __future__ import annotations
@@ -17,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
-
-import pytest
 
 from buffered_store import Message, RunRecord, RunStatus, Thread, ThreadRunStore
 from buffered_store.engine.flushing import ApplyStatus
@@ -37,6 +30,7 @@ from buffered_store.threadrun.entry import (
     encode_entry,
 )
 
+from .assertions import cases
 from .helpers import T0, fresh_id
 
 __all__ = ["Chain", "FlushTargetContract", "TickingClock", "replace_entry"]
@@ -99,6 +93,8 @@ def replace_entry(entry: WalEntry, **changes: Any) -> WalEntry:
 
 class FlushTargetContract:
     """Watermark-checked application of WAL entries, and versioned reads."""
+
+    group = "flush_target"
 
     async def test_implements_both_protocols(self, target: InnerStore) -> None:
         assert isinstance(target, ThreadRunStore)
@@ -304,7 +300,7 @@ class FlushTargetContract:
         assert await target.load_messages(bad.thread_id) == make_messages(2)
         assert await target.load_messages(good.thread_id) == make_messages(1)
 
-    @pytest.mark.parametrize("problem", ["other-thread-run", "mixed-batch", "empty-batch"])
+    @cases("problem", ["other-thread-run", "mixed-batch", "empty-batch"])
     async def test_malformed_batches_fail_without_writing(
         self, target: InnerStore, problem: str
     ) -> None:

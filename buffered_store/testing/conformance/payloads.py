@@ -27,6 +27,8 @@ NESTED: dict[str, Any] = {
 class PayloadContract:
     """What goes in comes out: sizes, JSON types and values, and no shared state."""
 
+    group = "payloads"
+
     async def test_large_message_round_trips(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         big = {"role": "tool", "content": "x" * (800 * KIB)}

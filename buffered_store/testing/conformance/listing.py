@@ -18,6 +18,8 @@ def _thread_order(threads: list[Thread]) -> list[str]:
 class ListRunsContract:
     """`list_runs`: newest `created_at` first, then `run_id` descending."""
 
+    group = "list_runs"
+
     async def test_list_runs_order(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         runs = {
@@ -98,6 +100,8 @@ class ListRunsContract:
 
 class ListThreadsContract:
     """`list_threads`: live threads, newest `updated_at` first, then `thread_id` descending."""
+
+    group = "list_threads"
 
     async def test_list_threads_of_empty_store(self, empty_store: ThreadRunStore) -> None:
         assert await empty_store.list_threads() == []

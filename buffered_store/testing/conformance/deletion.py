@@ -10,6 +10,8 @@ from .helpers import fresh_id, make_messages, make_run
 class DeletionContract:
     """After `delete_thread` every read behaves as if the thread never existed."""
 
+    group = "deletion"
+
     async def test_delete_removes_thread_messages_and_runs(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         runs = [make_run(tid), make_run(tid)]

@@ -10,6 +10,8 @@ from .helpers import fresh_id, make_messages, make_run
 class ThreadSummaryContract:
     """`load_thread` reflects the latest checkpoint."""
 
+    group = "threads"
+
     async def test_summary_after_first_checkpoint(self, store: ThreadRunStore) -> None:
         tid = fresh_id()
         run = make_run(tid)

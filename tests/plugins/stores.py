@@ -27,7 +27,7 @@ from buffered_store.threadrun.store import BufferedThreadRunStore
 
 ConfigFactory = Callable[..., BufferedStoreConfig]
 StoreFactory = Callable[..., Awaitable[BufferedThreadRunStore]]
-PostgresFactory = Callable[[], Awaitable[InnerStore]]
+PostgresFactory = Callable[..., Awaitable[InnerStore]]
 
 INNER_KINDS = ("memory", "postgres")
 
@@ -106,14 +106,17 @@ async def open_postgres(database_url: str, schema_name: str) -> AsyncIterator[Po
     """Opens `PostgresThreadRunStore`s on this test's schema (migrated on first use).
 
     Each call is a separate store with its own connection pool, like a separate process;
-    all are closed and the schema is dropped after the test.
+    all are closed and the schema is dropped after the test. ``url=`` reaches the same
+    database another way (through a `CuttableProxy`, see tests/plugins/network.py).
     """
     from buffered_store.stores.postgres import PostgresThreadRunStore
 
     opened: list[Any] = []
 
-    async def factory() -> InnerStore:
-        store = await PostgresThreadRunStore.connect(database_url, schema=schema_name, migrate=True)
+    async def factory(*, url: str | None = None) -> InnerStore:
+        store = await PostgresThreadRunStore.connect(
+            url or database_url, schema=schema_name, migrate=True
+        )
         opened.append(store)
         return store
 

@@ -1,23 +1,22 @@
 """Bad input: a `ValidationError` (exactly that class) and nothing written.
 
-Each test runs twice: on a thread that does not exist yet (it must still not exist) and
-on a thread with a checkpoint (it must be unchanged, and the failed call must not have
-used up a `thread_seq`).
+Each check taking a `probe` runs twice: on a thread that does not exist yet (it must still
+not exist) and on a thread with a checkpoint (it must be unchanged, and the failed call
+must not have used up a `thread_seq`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import pytest
-
 from buffered_store import RunRecord, Thread, ThreadRunStore, ValidationError
 
+from .assertions import cases, raises
 from .helpers import as_any, fresh_id, make_messages, make_run
 
 
@@ -48,7 +47,7 @@ class Probe:
 
     async def rejects(self, call: Awaitable[object]) -> None:
         """`call` raises exactly `ValidationError` and the store is unchanged."""
-        with pytest.raises(ValidationError) as info:
+        with raises(ValidationError) as info:
             await call
         assert info.type is ValidationError, f"expected ValidationError, got {info.type}"
         await self.assert_unchanged()
@@ -72,38 +71,35 @@ class Probe:
         )
 
 
-ProbeFactory = Callable[[], Awaitable[Probe]]
+async def open_probe(store: ThreadRunStore, existing: bool) -> Probe:
+    """A probe on a fresh thread id: new (nothing stored) or existing (one checkpoint)."""
+    tid = fresh_id()
+    if not existing:
+        return Probe(store, tid, None, None, [], next_seq=1)
+    run = make_run(tid)
+    await store.checkpoint(tid, make_messages(3), run, metadata={"k": "v"})
+    return Probe(
+        store,
+        tid,
+        await store.load_thread(tid),
+        await store.load_messages(tid),
+        [run],
+        next_seq=2,
+    )
 
 
 class ValidationContract:
     """Invalid arguments are rejected before anything is written."""
 
-    @pytest.fixture(params=[False, True], ids=["new-thread", "existing-thread"])
-    async def probe(
-        self, store: ThreadRunStore, request: pytest.FixtureRequest
-    ) -> AsyncIterator[Probe]:
-        tid = fresh_id()
-        if not request.param:
-            yield Probe(store, tid, None, None, [], next_seq=1)
-            return
-        run = make_run(tid)
-        await store.checkpoint(tid, make_messages(3), run, metadata={"k": "v"})
-        yield Probe(
-            store,
-            tid,
-            await store.load_thread(tid),
-            await store.load_messages(tid),
-            [run],
-            next_seq=2,
-        )
+    group = "validation"
 
     # -- thread id ---------------------------------------------------------------------
 
-    @pytest.mark.parametrize("bad_id", ["", 123, None, b"bytes", "x" * 513, "nul\x00id"])
+    @cases("bad_id", ["", 123, None, b"bytes", "x" * 513, "nul\x00id"])
     async def test_rejects_invalid_thread_id(self, store: ThreadRunStore, bad_id: object) -> None:
         tid = fresh_id()
         run = make_run(tid)
-        with pytest.raises(ValidationError) as info:
+        with raises(ValidationError) as info:
             await store.checkpoint(as_any(bad_id), make_messages(1), run)
         assert info.type is ValidationError
         assert await store.load_run(run.run_id) is None
@@ -111,7 +107,7 @@ class ValidationContract:
 
     async def test_rejects_lone_surrogate_in_thread_id(self, store: ThreadRunStore) -> None:
         tid = fresh_id() + "\ud800"
-        with pytest.raises(ValidationError) as info:
+        with raises(ValidationError) as info:
             await store.checkpoint(
                 tid, make_messages(1), make_run(fresh_id()).replace(thread_id=tid)
             )
@@ -119,35 +115,35 @@ class ValidationContract:
 
     # -- messages ----------------------------------------------------------------------
 
-    @pytest.mark.parametrize("messages", ["text", b"bytes", {"role": "user"}, None, 42])
+    @cases("messages", ["text", b"bytes", {"role": "user"}, None, 42])
     async def test_rejects_messages_that_are_not_a_list(
         self, probe: Probe, messages: object
     ) -> None:
         run = probe.run()
         await probe.rejects(probe.store.checkpoint(probe.thread_id, as_any(messages), run))
 
-    @pytest.mark.parametrize("message", ["hello", ["role", "user"], None, 1])
+    @cases("message", ["hello", ["role", "user"], None, 1])
     async def test_rejects_message_that_is_not_an_object(
         self, probe: Probe, message: object
     ) -> None:
         await probe.rejects(probe.checkpoint([*make_messages(2), message]))
 
-    @pytest.mark.parametrize("message", [{}, {"content": "no role"}, {"ROLE": "user"}])
+    @cases("message", [{}, {"content": "no role"}, {"ROLE": "user"}])
     async def test_rejects_message_without_role(
         self, probe: Probe, message: dict[str, Any]
     ) -> None:
         await probe.rejects(probe.checkpoint([message, *make_messages(1)]))
 
-    @pytest.mark.parametrize("role", [1, None, ["user"], {"name": "user"}, ""])
+    @cases("role", [1, None, ["user"], {"name": "user"}, ""])
     async def test_rejects_role_that_is_not_a_string(self, probe: Probe, role: object) -> None:
         await probe.rejects(probe.checkpoint([{"role": role}]))
 
-    @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])
+    @cases("number", [math.nan, math.inf, -math.inf])
     async def test_rejects_non_finite_float(self, probe: Probe, number: float) -> None:
         message = {"role": "user", "scores": [1.0, {"x": number}]}
         await probe.rejects(probe.checkpoint([*make_messages(1), message]))
 
-    @pytest.mark.parametrize("key", [1, None, (1, 2), 2.5])
+    @cases("key", [1, None, (1, 2), 2.5])
     async def test_rejects_non_string_key(self, probe: Probe, key: object) -> None:
         message = {"role": "user", "nested": {key: "value"}}
         await probe.rejects(probe.checkpoint([message]))
@@ -155,13 +151,11 @@ class ValidationContract:
     async def test_rejects_set_value(self, probe: Probe) -> None:
         await probe.rejects(probe.checkpoint([{"role": "user", "tags": {"a", "b"}}]))
 
-    @pytest.mark.parametrize(
-        "value", [object(), datetime(2026, 1, 1), b"bytes", Decimal("1.5"), 1j, frozenset()]
-    )
+    @cases("value", [object(), datetime(2026, 1, 1), b"bytes", Decimal("1.5"), 1j, frozenset()])
     async def test_rejects_value_that_is_not_json(self, probe: Probe, value: object) -> None:
         await probe.rejects(probe.checkpoint([{"role": "user", "content": value}]))
 
-    @pytest.mark.parametrize(
+    @cases(
         "message",
         [
             {"role": "user", "content": "nul\x00char"},
@@ -173,8 +167,8 @@ class ValidationContract:
     async def test_rejects_nul_character(self, probe: Probe, message: dict[str, Any]) -> None:
         await probe.rejects(probe.checkpoint([message]))
 
-    @pytest.mark.parametrize("where", ["message", "metadata", "run.output", "run.metadata"])
-    @pytest.mark.parametrize(
+    @cases("where", ["message", "metadata", "run.output", "run.metadata"])
+    @cases(
         "value",
         [2**64, -(2**63) - 1, _nested(300), "lone \ud800 surrogate"],
         ids=["int-2**64", "int-below-int64", "nested-300-deep", "lone-surrogate"],
@@ -199,26 +193,26 @@ class ValidationContract:
         await probe.rejects(probe.store.checkpoint(probe.thread_id, make_messages(1), other))
         assert await probe.store.load_thread(other.thread_id) is None
 
-    @pytest.mark.parametrize("kind", ["dict", "json", "none"])
+    @cases("kind", ["dict", "json", "none"])
     async def test_rejects_run_that_is_not_a_run_record(self, probe: Probe, kind: str) -> None:
         record = make_run(probe.thread_id)
         bad = {"dict": {"run_id": record.run_id}, "json": record.to_json(), "none": None}[kind]
         await probe.rejects(probe.store.checkpoint(probe.thread_id, make_messages(1), as_any(bad)))
         assert await probe.store.load_run(record.run_id) is None
 
-    @pytest.mark.parametrize("field", ["created_at", "updated_at", "finished_at"])
+    @cases("field", ["created_at", "updated_at", "finished_at"])
     async def test_naive_datetime_rejected_by_run_record(self, probe: Probe, field: str) -> None:
         naive: dict[str, Any] = {field: datetime(2026, 1, 1, 12, 0)}
-        with pytest.raises(ValidationError) as info:
+        with raises(ValidationError) as info:
             make_run(probe.thread_id, **naive)
         assert info.type is ValidationError
         await probe.assert_unchanged()
 
-    @pytest.mark.parametrize("output", [{1, 2}, math.nan, {"k": object()}, {3: "int key"}])
+    @cases("output", [{1, 2}, math.nan, {"k": object()}, {3: "int key"}])
     async def test_rejects_run_output_that_is_not_json(self, probe: Probe, output: object) -> None:
         await probe.rejects(probe.checkpoint(run=probe.run(output=output)))
 
-    @pytest.mark.parametrize("metadata", [{"k": math.inf}, {"k": {1, 2}}, {"k": {4: "int"}}])
+    @cases("metadata", [{"k": math.inf}, {"k": {1, 2}}, {"k": {4: "int"}}])
     async def test_rejects_run_metadata_that_is_not_json(
         self, probe: Probe, metadata: dict[str, Any]
     ) -> None:
@@ -226,15 +220,13 @@ class ValidationContract:
 
     # -- thread metadata ---------------------------------------------------------------
 
-    @pytest.mark.parametrize("metadata", [["a", 1], "text", 1, b"bytes"])
+    @cases("metadata", [["a", 1], "text", 1, b"bytes"])
     async def test_rejects_metadata_that_is_not_an_object(
         self, probe: Probe, metadata: object
     ) -> None:
         await probe.rejects(probe.checkpoint(metadata=metadata))
 
-    @pytest.mark.parametrize(
-        "metadata", [{"k": math.nan}, {"k": {1, 2}}, {1: "int key"}, {"k": "nul\x00"}]
-    )
+    @cases("metadata", [{"k": math.nan}, {"k": {1, 2}}, {1: "int key"}, {"k": "nul\x00"}])
     async def test_rejects_metadata_that_is_not_json(
         self, probe: Probe, metadata: dict[Any, Any]
     ) -> None:
@@ -242,9 +234,7 @@ class ValidationContract:
 
     # -- reads -------------------------------------------------------------------------
 
-    @pytest.mark.parametrize(
-        ("limit", "offset"), [(-1, 0), (0, -1), (-5, -5), (1.5, 0), ("10", 0), (None, 0)]
-    )
+    @cases(("limit", "offset"), [(-1, 0), (0, -1), (-5, -5), (1.5, 0), ("10", 0), (None, 0)])
     async def test_list_calls_reject_bad_pagination(
         self, store: ThreadRunStore, limit: object, offset: object
     ) -> None:
@@ -253,11 +243,11 @@ class ValidationContract:
             lambda: store.list_runs(limit=as_any(limit), offset=as_any(offset)),
             lambda: store.list_threads(limit=as_any(limit), offset=as_any(offset)),
         ):
-            with pytest.raises(ValidationError) as info:
+            with raises(ValidationError) as info:
                 await call()
             assert info.type is ValidationError
 
-    @pytest.mark.parametrize("bad_id", ["", 7, None])
+    @cases("bad_id", ["", 7, None])
     async def test_reads_and_deletes_reject_invalid_ids(
         self, store: ThreadRunStore, bad_id: object
     ) -> None:
@@ -271,6 +261,6 @@ class ValidationContract:
         if bad_id is not None:  # None means "every thread" for list_runs
             calls.append(lambda: store.list_runs(as_any(bad_id)))
         for call in calls:
-            with pytest.raises(ValidationError) as info:
+            with raises(ValidationError) as info:
                 await call()
             assert info.type is ValidationError

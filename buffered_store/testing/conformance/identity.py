@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from buffered_store import ThreadRunStore
 from buffered_store.engine.ids import MAX_ID_BYTES
 from buffered_store.errors import ValidationError
 
+from .assertions import cases, raises
 from .helpers import fresh_id, make_messages, make_run
 
 UNICODE_SUFFIXES = [
@@ -39,7 +38,9 @@ def _varied_cjk(size: int, *, prefix: str = "", start: int = 0x4E00) -> str:
 class IdentityContract:
     """Ids are opaque, exact and case-sensitive strings of any Unicode."""
 
-    @pytest.mark.parametrize("suffix", UNICODE_SUFFIXES)
+    group = "identity"
+
+    @cases("suffix", UNICODE_SUFFIXES)
     async def test_unicode_thread_ids_round_trip(self, store: ThreadRunStore, suffix: str) -> None:
         tid = f"{fresh_id()}/{suffix}"
         run = make_run(tid, run_id=f"run {suffix} {fresh_id()}")
@@ -95,13 +96,13 @@ class IdentityContract:
         tid = fresh_id()
         cases = [(long_tid, long_run), (over_tid, fresh_id("run")), (tid, over_run)]
         for thread_id, run_id in cases:
-            with pytest.raises(ValidationError):
+            with raises(ValidationError):
                 # The record validates itself, so the error may come from building it.
                 await store.checkpoint(
                     thread_id, make_messages(1), make_run(thread_id, run_id=run_id)
                 )
         for thread_id in (long_tid, over_tid):
-            with pytest.raises(ValidationError):
+            with raises(ValidationError):
                 await store.delete_thread(thread_id)
         assert await store.load_thread(tid) is None
         assert await store.list_runs(tid) == []

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import pytest
-
 from buffered_store import StoreClosedError, ThreadRunStore
 
+from .assertions import cases, raises
 from .helpers import fresh_id, make_messages, make_run
 
 _TID = "closed-store-thread"
@@ -29,16 +28,18 @@ CLOSED_CALLS: dict[str, Callable[[ThreadRunStore], Awaitable[object]]] = {
 class LifecycleContract:
     """A closed store refuses every call; closing is idempotent."""
 
-    @pytest.mark.parametrize("method", sorted(CLOSED_CALLS))
+    group = "lifecycle"
+
+    @cases("method", sorted(CLOSED_CALLS))
     async def test_closed_store_raises(self, empty_store: ThreadRunStore, method: str) -> None:
         await empty_store.checkpoint(_TID, make_messages(1), make_run(_TID))
         await empty_store.close()
-        with pytest.raises(StoreClosedError) as info:
+        with raises(StoreClosedError) as info:
             await CLOSED_CALLS[method](empty_store)
         assert info.type is StoreClosedError
 
     async def test_close_is_idempotent(self, empty_store: ThreadRunStore) -> None:
         await empty_store.close()
         await empty_store.close()
-        with pytest.raises(StoreClosedError):
+        with raises(StoreClosedError):
             await empty_store.load_thread(fresh_id())

@@ -1,0 +1,159 @@
+"""Requests to the server: the write path's reply inbox, sending again a request nobody
+listened to, and the connection handed to nats-py's JetStream context, which counts
+every request it sends.
+
+Every JetStream call nats-py makes (stream and consumer management, direct gets, KV
+reads and writes) is one `request` on the connection its context was given. `NatsWal`
+gives it a `CountingConnection` rather than the client: it counts and records those
+requests and sends again one nobody listened to (`until_answered`, where `may_appear`),
+and leaves the client itself untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
+from nats.aio.msg import Msg
+from nats.js.api import Header
+
+from buffered_store.backoff import Backoff
+
+NO_RESPONDERS_FIRST_WAIT_S = 0.005
+NO_RESPONDERS_MAX_WAIT_S = 0.1
+"""A request that found nobody listening is sent again after these waits (doubling)."""
+
+
+async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:
+    """The reply `send(timeout_s)` gets, sending again while the server answers "no
+    responders", all within `budget_s` seconds (then `NoRespondersError`): each send is
+    given only the time left.
+
+    Nobody received such a request, so sending it again cannot store anything twice. On a
+    cluster a stream or bucket that was just created answers this way until the node the
+    client talks to has learnt where it lives, and a replicated one while it elects a
+    leader: a short wait turns those moments into a slower call instead of a failure.
+    """
+    loop = asyncio.get_running_loop()
+    retry = Backoff(NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S, budget_s=budget_s)
+    left = retry.left(loop.time())
+    while True:
+        try:
+            return await send(left)
+        except nats.errors.NoRespondersError:
+            wait = retry.next_wait(loop.time())
+            if wait is None:
+                raise
+        await asyncio.sleep(wait)
+        left = max(retry.left(loop.time()), NO_RESPONDERS_FIRST_WAIT_S)
+
+
+def may_appear(subject: str) -> bool:
+    """Whether "no responders" on `subject` can be a moment's state worth waiting out: a
+    stream's or bucket's subjects and its direct gets, yes; the rest of the JetStream API
+    (`$JS.API.`) is answered by every server with JetStream enabled, so there it means
+    JetStream is off, and the call fails at once."""
+    return not subject.startswith("$JS.API.") or subject.startswith("$JS.API.DIRECT.GET.")
+
+
+class ReplyInbox:
+    """Request/reply for the write path's two round trips, on one wildcard inbox.
+
+    `Client.request` does the same, but waits for each reply through
+    `asyncio.wait_for`, about a fifth of a checkpoint's client CPU; here the wait is a
+    future under `asyncio.timeout`. The subscription is made on first use and, like any
+    subscription, renewed by nats-py after a reconnect.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = nc.new_inbox() + "."
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._tokens = itertools.count()
+        self._subscribed: asyncio.Future[Any] | None = None
+
+    async def request(
+        self, subject: str, payload: bytes, headers: dict[str, str], *, timeout_s: float
+    ) -> Msg:
+        """The reply to one request; nats-py's errors on failure (`TimeoutError` and
+        `NoRespondersError` included), as `Client.request` raises them."""
+        await self._subscribe()
+        token = str(next(self._tokens))
+        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = reply
+        try:
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    msg = await reply
+            except TimeoutError:
+                raise nats.errors.TimeoutError from None
+        finally:
+            self._waiting.pop(token, None)
+        if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
+            raise nats.errors.NoRespondersError
+        return msg
+
+    async def _subscribe(self) -> None:
+        if self._subscribed is None:
+            self._subscribed = asyncio.ensure_future(
+                self._nc.subscribe(self._prefix + "*", cb=self._deliver)
+            )
+        if self._subscribed.done() and self._subscribed.exception() is None:
+            return
+        try:
+            await asyncio.shield(self._subscribed)
+        except BaseException:
+            if self._subscribed.done():
+                self._subscribed = None  # failed: the next request subscribes again
+            raise
+
+    async def _deliver(self, msg: Msg) -> None:
+        reply = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if reply is not None and not reply.done():
+            reply.set_result(msg)
+
+
+class CountingConnection:
+    """The client as nats-py's JetStream context sees it: `request` counts (and, when
+    asked, records) each request and sends again one nobody listened to; everything
+    else is the client's own attribute."""
+
+    def __init__(self, nc: Client, default_timeout_s: float) -> None:
+        self._nc = nc
+        self._default_timeout_s = default_timeout_s
+        self.requests = 0
+        """Requests sent so far (each is one round trip): through this connection, and
+        those the write path's reply inbox adds."""
+        self.recorded: list[str] | None = None
+        """Subjects of the requests sent since `record` (None: not recording)."""
+
+    def record(self) -> list[str]:
+        """Start recording the subject of every request; the list they go into."""
+        self.recorded = []
+        return self.recorded
+
+    async def request(self, subject: str, *args: Any, **kwargs: Any) -> Msg:
+        """`Client.request`, counted, and sent again while nobody listens where someone
+        may appear; all within the call's timeout (default: the configured one)."""
+        # The flusher's pull fetches are publishes, not requests: neither counted here
+        # nor sent again.
+        nc = self._nc
+
+        async def send(timeout_s: float) -> Msg:
+            self.requests += 1
+            if self.recorded is not None:
+                self.recorded.append(subject)
+            return await nc.request(subject, *args, **{**kwargs, "timeout": timeout_s})
+
+        budget_s = kwargs.get("timeout") or self._default_timeout_s
+        if not may_appear(subject):
+            return await send(budget_s)
+        return await until_answered(send, budget_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nc, name)

@@ -1,0 +1,90 @@
+"""`flusher.intake.Intake`'s collection window over a scripted subscription: what it asks
+the subscription for, and when (no server: the subscription records the calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from buffered_store.engine.ports import Delivered
+from flusher.config import MIN_FETCH_TIMEOUT_S, FlusherConfig
+from flusher.intake import FILL_CHECK_S, Intake
+from flusher.stats import FlusherStats
+
+
+class Msg:
+    def __init__(self, n: int) -> None:
+        self.data = f"m{n}".encode()
+        self.subject = "THREADLOG.t.x"
+        self.stream_seq = n
+        self.num_delivered = 1
+
+    async def ack(self) -> None: ...
+    async def nak(self, delay_s: float | None = None) -> None: ...
+    async def term(self) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+class ScriptedDelivery:
+    """Starts with `queued` delivered and the pull request that delivered them still
+    open; it ends right after the first fetch (its expiry was set by the previous
+    window). A fetch that may wait opens one when none is open, as `NatsDelivery` does."""
+
+    def __init__(self, queued: int, *, request_ends_after_first_fetch: bool = True) -> None:
+        self.queue: list[Any] = [Msg(n) for n in range(queued)]
+        self.pulling = True
+        self.ends = request_ends_after_first_fetch
+        self.fetches: list[tuple[int, float]] = []
+        self.stale = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def queued(self) -> Sequence[Delivered]:
+        return list(self.queue)
+
+    async def fetch(self, count: int, timeout_s: float) -> list[Any]:
+        self.fetches.append((count, timeout_s))
+        taken, self.queue = self.queue[:count], self.queue[count:]
+        if len(taken) < count and timeout_s >= 0.02 and not self.pulling:
+            self.pulling = True
+        elif len(self.fetches) == 1 and self.ends:
+            self.pulling = False
+        return taken
+
+    async def close(self) -> None: ...
+
+
+class OneSubscription:
+    def __init__(self, delivery: ScriptedDelivery) -> None:
+        self.delivery = delivery
+
+    async def subscribe(self) -> ScriptedDelivery:
+        return self.delivery
+
+
+async def test_a_window_whose_request_ends_early_opens_one_for_its_rest() -> None:
+    """The window's first messages came from the queue, delivered by a request of the
+    previous window that ends soon after: the window asks for one for its rest, instead
+    of leaving what is written meanwhile to its end (or to the next window)."""
+    delivery = ScriptedDelivery(queued=3)
+    config = FlusherConfig(flush_interval_s=0.3, flush_batch_size=100)
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    await intake.collect(lambda: False)
+    assert len(intake.take()) == 3
+    first, *during, last = delivery.fetches
+    assert first[0] == 100
+    assert first[1] > FILL_CHECK_S
+    assert len(during) == 1  # once open, the window waits without asking again
+    assert during[0][0] == 97
+    assert during[0][1] >= FILL_CHECK_S
+    assert last == (97, MIN_FETCH_TIMEOUT_S)  # the drain at the window's end
+
+
+async def test_a_window_with_a_request_open_fills_without_asking() -> None:
+    delivery = ScriptedDelivery(queued=3, request_ends_after_first_fetch=False)
+    config = FlusherConfig(flush_interval_s=0.2, flush_batch_size=100)
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    await intake.collect(lambda: False)
+    assert [count for count, _ in delivery.fetches] == [100, 97]
