@@ -11,7 +11,7 @@ import nats.js.errors as jse
 from nats.js.kv import KeyValue
 
 from buffered_store.engine.ports import AgedValue, KvValue, StoredMsg
-from buffered_store.errors import ConflictError, StoreError
+from buffered_store.errors import ConflictError, WalObjectMissingError
 from buffered_store.nats.errors import KV_WRONG_LAST, translated
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, WalHandles
 from buffered_store.nats.scan import scan_by_consumer, stored_msg
@@ -31,9 +31,12 @@ class HotKv(WalHandles):
 
     @property
     def quarantine(self) -> NatsBucket:
-        """The quarantine bucket (`StoreError` when it was not found on opening)."""
+        """The quarantine bucket (`WalObjectMissingError` when it was not found on
+        opening)."""
         if self._quarantine is None:
-            raise StoreError(f"the bucket {self.config.quarantine_bucket!r} was not found")
+            raise WalObjectMissingError(
+                f"the bucket {self.config.quarantine_bucket!r} was not found"
+            )
         return self._quarantine
 
     async def kv_get(self, key: str) -> KvValue | None:

@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 
 from buffered_store.engine.frontend import FRONT_END_KEY, stream_metadata, tag_of, wrong_front_end
 from buffered_store.engine.keys import stream_subjects
-from buffered_store.errors import ConfigError, StoreError
+from buffered_store.errors import ConfigError, WalObjectMissingError
 from buffered_store.nats.errors import translated
 from buffered_store.nats.handles import WalHandles
 from buffered_store.nats.kv import NatsBucket
@@ -81,28 +81,28 @@ class WalSetup(WalHandles):
             await self._ensure_consumer()
 
     async def open_objects(self) -> None:
-        """Open the stream, the consumer and the hot bucket, which must exist (`StoreError`
-        naming the missing one), and the quarantine bucket if it exists."""
+        """Open the stream, the consumer and the hot bucket, which must exist
+        (`WalObjectMissingError` naming the missing one), and the quarantine bucket if it exists."""
         cfg = self.config
         async with translated("open JetStream objects"):
             try:
                 self._check_front_end((await self._js.stream_info(cfg.stream_name)).config)
             except jse.NotFoundError:
-                raise StoreError(
+                raise WalObjectMissingError(
                     f"the stream {cfg.stream_name!r} does not exist (check the stream name: "
                     "BUFSTORE_STREAM_NAME; only a store or a flusher creates it)"
                 ) from None
             try:
                 await self._js.consumer_info(cfg.stream_name, cfg.consumer_name)
             except jse.NotFoundError:
-                raise StoreError(
+                raise WalObjectMissingError(
                     f"the consumer {cfg.consumer_name!r} does not exist on the stream "
                     f"{cfg.stream_name!r} (check BUFSTORE_CONSUMER_NAME)"
                 ) from None
             try:
                 hot = await self._js.key_value(cfg.hot_bucket)
             except (jse.BucketNotFoundError, jse.NotFoundError):
-                raise StoreError(
+                raise WalObjectMissingError(
                     f"the bucket {cfg.hot_bucket!r} does not exist (check BUFSTORE_HOT_BUCKET)"
                 ) from None
             self._hot = self._bucket_handle(hot, cfg.hot_bucket)

@@ -22,7 +22,7 @@ from nats.js.api import StreamConfig
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.keys import hot_key
 from buffered_store.engine.ports import KvValue
-from buffered_store.errors import WalUnavailableError
+from buffered_store.errors import WalObjectMissingError, WalUnavailableError
 from buffered_store.nats import NatsWal
 from buffered_store.nats.requests import ReplyInbox, until_answered
 from tests.plugins.stores import ConfigFactory, jetstream
@@ -252,5 +252,23 @@ async def test_the_wal_counts_its_requests_and_leaves_the_client_alone(
             f"{config.stream_name}.t.x", b"e", msg_id="c1", expected_last_subject_seq=0
         )
         assert wal.requests - before == 2  # the write path's own inbox counts too
+    finally:
+        await wal.close()
+
+
+async def test_opening_objects_that_do_not_exist_names_them_with_their_own_error(
+    make_config: ConfigFactory, nc: Client
+) -> None:
+    """What `bufstore status` and `health` open without creating: a missing stream or
+    bucket is `WalObjectMissingError` (a caller can tell it from a refusal)."""
+    config = make_config()
+    with pytest.raises(WalObjectMissingError, match=f"the stream {config.stream_name!r}"):
+        await NatsWal.connect(config, setup="open")
+    await (await NatsWal.connect(config)).close()  # creates every object
+    await nc.jetstream().delete_key_value(config.quarantine_bucket)
+    wal = await NatsWal.connect(config, setup="open")
+    try:
+        with pytest.raises(WalObjectMissingError, match=config.quarantine_bucket):
+            _ = wal.quarantine
     finally:
         await wal.close()
