@@ -38,7 +38,9 @@ class Backoff:
     jitter_s: float = 0.0
     """Up to this much is added at random to each wait of `next_delay`/`next_wait`, so
     that many clients failing together do not retry together."""
-    rng: random.Random = field(default_factory=random.Random, repr=False)
+    rng: random.Random | None = field(default=None, repr=False)
+    """Where the jitter comes from (default: the `random` module's shared generator; a
+    generator of its own per policy would cost a seeding from the OS per retry loop)."""
     attempts: int = 0
     """Failed attempts counted so far by `next_wait` / `next_delay`."""
     _deadline: float | None = field(default=None, repr=False)
@@ -51,7 +53,9 @@ class Backoff:
         """Count one more failed attempt and return the wait before the next one."""
         self.attempts += 1
         wait = self.delay(self.attempts)
-        return wait + self.rng.uniform(0.0, self.jitter_s) if self.jitter_s > 0 else wait
+        if self.jitter_s <= 0:
+            return wait
+        return wait + (self.rng or random).uniform(0.0, self.jitter_s)
 
     def left(self, now: float) -> float:
         """Seconds left of the budget (never negative; infinite without a budget)."""

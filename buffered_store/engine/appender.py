@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Protocol
 
-from buffered_store.backoff import Backoff
+from buffered_store.backoff import backoff_s
 from buffered_store.config import WriterConfig
 from buffered_store.engine.cursors import (
     Cursor,
@@ -421,7 +421,7 @@ class Writer(Generic[E, H, S]):
         attempt: AppendAttempt,
     ) -> int:
         subject = self.subject(thread_id)
-        retry = Backoff(0.05, 1.0)
+        failures = 0
         while True:
             resent = attempt.sent
             attempt.sent = True
@@ -451,9 +451,8 @@ class Writer(Generic[E, H, S]):
                 attempt.sent = False
                 raise
             except WalUnavailableError:
-                await asyncio.sleep(
-                    retry.next_delay()
-                )  # the checkpoint's timeout bounds these retries
+                failures += 1  # the checkpoint's timeout bounds these retries
+                await asyncio.sleep(backoff_s(failures, initial_s=0.05, max_s=1.0))
                 continue
             if duplicate:
                 stored = await self.wal.get(stream_seq)
@@ -466,17 +465,18 @@ class Writer(Generic[E, H, S]):
         """The first message on `subject` after `stream_seq`, retried while the WAL is
         unreachable (the checkpoint's timeout bounds it): the answer decides between
         "stored" and "not stored", which a caller must not be told wrongly."""
-        retry = Backoff(0.05, 1.0)
+        failures = 0
         while True:
             try:
                 return await self.wal.next_on(subject, stream_seq + 1)
             except WalUnavailableError:
-                await asyncio.sleep(retry.next_delay())
+                failures += 1
+                await asyncio.sleep(backoff_s(failures, initial_s=0.05, max_s=1.0))
 
     async def advance_hot(self, thread_id: str, record: H, revision: int | None) -> int:
         """CAS the hot record forward; never moves it back. Returns the new revision."""
         key = hot_key(thread_id)
-        retry = Backoff(0.02, 1.0)
+        failures = 0
         while True:
             try:
                 data = self.fmt.encode_hot(record, limit=self.max_entry_bytes)
@@ -490,7 +490,8 @@ class Writer(Generic[E, H, S]):
                     record = self._merge_recent(record, stored)
                 revision = current.revision if current else None
             except WalUnavailableError:
-                await asyncio.sleep(retry.next_delay())
+                failures += 1
+                await asyncio.sleep(backoff_s(failures, initial_s=0.02, max_s=1.0))
 
     def record_written(
         self,

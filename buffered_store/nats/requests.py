@@ -39,12 +39,18 @@ async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: floa
     leader: a short wait turns those moments into a slower call instead of a failure.
     """
     loop = asyncio.get_running_loop()
-    retry = Backoff(NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S, budget_s=budget_s)
-    left = retry.left(loop.time())
+    started = loop.time()
+    retry: Backoff | None = None  # made on the first refusal: most requests never get one
+    left = budget_s
     while True:
         try:
             return await send(left)
         except nats.errors.NoRespondersError:
+            if retry is None:
+                retry = Backoff(
+                    NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S, budget_s=budget_s
+                )
+                retry.left(started)
             wait = retry.next_wait(loop.time())
             if wait is None:
                 raise

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from buffered_store.backoff import Backoff
+from buffered_store.backoff import backoff_s
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.ids import utcnow
@@ -59,7 +59,7 @@ class RunClaims:
         cursor = await self._buffer.writer.cursor(thread_id)
         if run_id in cursor.claims:
             return
-        retry = Backoff(0.05, 1.0)
+        failures = 0
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -67,7 +67,8 @@ class RunClaims:
                         if await self._try(thread_id, run_id, cursor.seq):
                             break
                     except WalUnavailableError:
-                        await asyncio.sleep(retry.next_delay())
+                        failures += 1
+                        await asyncio.sleep(backoff_s(failures, initial_s=0.05, max_s=1.0))
         except TimeoutError as exc:
             raise WalUnavailableError(
                 f"checkpoint of thread {thread_id!r}: could not claim run {run_id!r} in time"

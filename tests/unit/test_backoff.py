@@ -91,3 +91,11 @@ def test_no_hand_written_doubling_loops_and_no_second_retry_library() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} doubles a wait by hand")
     assert offenders == []
+
+
+def test_a_policy_without_jitter_costs_no_random_generator() -> None:
+    """Retry policies are made on hot paths (a request's first refusal): seeding a
+    generator of its own from the OS per policy cost the write path about 37 µs per
+    checkpoint."""
+    assert Backoff(0.05, 1.0).rng is None
+    assert Backoff(0.05, 1.0, jitter_s=0.1).rng is None  # the module's shared generator
