@@ -78,6 +78,12 @@ class WalAccessDeniedError(WalUnavailableError):
     retriable = False
 
 
+class WalRefusedError(StoreError):
+    """JetStream or the NATS client refused a request for a reason that is none of the
+    others (not unavailability, a conflict, a full WAL, a payload too large or a missing
+    object): the same request fails the same way; the message says what was refused."""
+
+
 class WalFullError(StoreError):
     """The WAL is full (`wal_max_bytes`): nothing was written. Retry once the flushers
     have drained the backlog; nothing acknowledged before was lost."""
@@ -110,6 +116,12 @@ class WalEntriesExpiredError(StoreError):
 
 class DatabaseUnavailableError(BackendUnavailableError):
     """The database could not be reached or did not answer in time."""
+
+
+class DatabaseRefusedError(StoreError):
+    """The database refused a statement for a reason that is not the data (a missing
+    privilege, a server-side limit, an internal error): no thread is to blame, and the
+    same statement fails the same way until an operator acts."""
 
 
 class ConflictError(StoreError):

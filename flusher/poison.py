@@ -13,11 +13,16 @@ from datetime import datetime
 
 from buffered_store.backoff import Backoff
 from buffered_store.engine.entries import Entry
-from buffered_store.errors import StoreError
 from flusher.config import FlusherConfig
 from flusher.held import Held, Settler, ThreadWork
 from flusher.policy import Settle, Undecodable, undecodable_action
-from flusher.quarantine import Quarantine, QuarantineKind, QuarantineRecord, undecodable_record
+from flusher.quarantine import (
+    RECORD_FAILURES,
+    Quarantine,
+    QuarantineKind,
+    QuarantineRecord,
+    undecodable_record,
+)
 from flusher.stats import FlusherStats
 
 log = logging.getLogger("flusher")
@@ -64,7 +69,7 @@ class Poison:
         try:
             created = await self.quarantine.add_message(record)
             recorded = True
-        except StoreError as exc:
+        except RECORD_FAILURES as exc:
             created = recorded = False
             log.warning("could not write a quarantine record: %s", exc, extra=extra)
         action = undecodable_action(
@@ -92,7 +97,7 @@ class Poison:
         apply either: add them to its record and terminate them. True when done so."""
         try:
             record = await self.quarantine.thread_record(work.thread_id)
-        except StoreError:
+        except RECORD_FAILURES:
             return False
         if record is None:
             return False
@@ -123,7 +128,7 @@ class Poison:
             created = await self.quarantine.add_thread(
                 work.thread_id, reason=reason, seq=seq, stream_seqs=stream_seqs, now=now
             )
-        except StoreError as exc:
+        except RECORD_FAILURES as exc:
             log.error("could not quarantine a failing thread: %s", exc, extra=extra)
             await self.settler.all(work.held, Settle.NAK, self.config.nak_delay_max_s)
             return

@@ -32,7 +32,17 @@ from buffered_store.engine.ids import parse_time
 from buffered_store.engine.keys import encode_token
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import ThreadLog, flush_thread
-from buffered_store.errors import ConflictError, StoreError, ValidationError
+from buffered_store.errors import (
+    ConflictError,
+    CorruptEntryError,
+    FlushFailedError,
+    StoreError,
+    ValidationError,
+    WalEntriesMissingError,
+    WalObjectMissingError,
+    WalRefusedError,
+    WalUnavailableError,
+)
 from flusher.policy import PREVIEW_BYTES, Undecodable, classify
 
 log = logging.getLogger("flusher.quarantine")
@@ -42,6 +52,30 @@ _CAS_ATTEMPTS = 10
 
 class QuarantineError(StoreError):
     """The quarantine operation is not possible."""
+
+
+THREAD_FAILURES = (
+    FlushFailedError,
+    WalEntriesMissingError,
+    ConflictError,
+    CorruptEntryError,
+    ValidationError,
+    QuarantineError,
+)
+"""What one thread's replay can meet that is the thread's own: its data refused, its
+entries gone, it kept moving, its record unreadable. The database or NATS away (and
+anything else) ends a bulk replay instead, since every thread would fail the same way."""
+
+RECORD_FAILURES = (
+    WalUnavailableError,
+    WalRefusedError,
+    WalObjectMissingError,
+    ConflictError,
+    ValidationError,
+    QuarantineError,
+)
+"""Why a quarantine record may not be read or written: NATS away or refusing, the bucket
+missing, other writers racing the record, a record too large or unreadable."""
 
 
 class QuarantineKind(StrEnum):
@@ -248,7 +282,7 @@ class Quarantine:
         try:
             return QuarantineRecord.from_json(orjson.loads(entry.value)), entry.revision
         except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"quarantine record {key} is malformed: {exc!r}") from exc
+            raise QuarantineError(f"quarantine record {key} is malformed: {exc!r}") from exc
 
     async def _swap(self, key: str, record: QuarantineRecord, revision: int | None) -> None:
         value = orjson.dumps(record.to_json())
@@ -275,7 +309,8 @@ async def replay(
     unless the payload decodes by now (a newer decoder, or the flusher of the right
     front-end), when its thread is flushed. A thread's replay removes every record of
     it: its thread record and its message records (`replay_all` with `thread_id`).
-    Raises `StoreError` when the thread still fails; its records then stay. The thread
+    Raises `FlushFailedError` when the thread still fails (the database or NATS away:
+    their own errors); its records then stay. The thread
     log reads the entries of the front-end `target` flushes.
     """
     if (stream_seq is None) == (thread_id is None):
@@ -283,7 +318,7 @@ async def replay(
     if thread_id is not None:
         bulk = await replay_all(thread_log, target, thread_id=thread_id)
         if bulk.failed:
-            raise StoreError(bulk.failed[0][1])
+            raise FlushFailedError(bulk.failed[0][1], thread_id=thread_id)
         if not bulk.replayed:
             raise QuarantineError(f"thread {thread_id!r} is not quarantined")
         return bulk.replayed[0]
@@ -344,7 +379,7 @@ async def replay_all(
         extra = [key for key in keys if key != thread_key(owner)]
         try:
             replayed.append(await _replay_thread(thread_log, target, quarantine, owner, extra))
-        except StoreError as exc:
+        except THREAD_FAILURES as exc:
             failed.append((owner, f"{type(exc).__name__}: {exc}"))
     return BulkReplay(tuple(replayed), tuple(failed), tuple(skipped))
 

@@ -32,7 +32,8 @@ from buffered_store.errors import (
     FlusherNotStartedError,
     FlusherStartedError,
     FlushTimeoutError,
-    StoreError,
+    WalObjectMissingError,
+    WalRefusedError,
     WalUnavailableError,
 )
 from buffered_store.metrics_core import HistogramSnapshot
@@ -411,7 +412,9 @@ class Flusher:
             await self._intake.restore_consumer()
         except WalUnavailableError:
             pass  # NATS itself is away: the fetch failure is logged already
-        except StoreError as exc:
+        except (ConfigError, WalObjectMissingError, WalRefusedError) as exc:
+            # The consumer conflicts with its settings, its stream is gone, or JetStream
+            # refuses to create it: counted and logged; the loop tries again later.
             self._stats.consumer_restore_failures += 1
             log.error(
                 "the durable consumer %r is missing and cannot be created: %s",

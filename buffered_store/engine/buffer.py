@@ -33,9 +33,11 @@ from buffered_store.engine.threadlog import (
 )
 from buffered_store.errors import (
     BackendUnavailableError,
+    ConflictError,
+    FlushFailedError,
     FlushTimeoutError,
     StoreClosedError,
-    StoreError,
+    WalEntriesMissingError,
 )
 
 log = logging.getLogger("buffered_store.engine.buffer")
@@ -209,10 +211,17 @@ class WriteBuffer(Generic[E, H, S]):
             async with asyncio.timeout(self.config.drain_timeout_s):
                 for thread_id in threads:
                     await flush_thread(self.log, self.sink, thread_id)
-        except (StoreError, TimeoutError) as exc:
-            # Best effort, whatever refused it (the database down, a thread's data
-            # refused, entries gone, a timeout): the entries stay in the WAL for a flusher,
-            # and close() goes on to close the WAL.
+        except (
+            BackendUnavailableError,
+            FlushFailedError,
+            WalEntriesMissingError,
+            ConflictError,
+            TimeoutError,
+        ) as exc:
+            # Best effort: the database or NATS away, a thread's data refused, entries
+            # gone, a thread kept moving, the time up: the entries stay in the WAL for a
+            # flusher, and close() goes on to close the WAL. Anything else (a closed or
+            # misconfigured backend) is raised once the WAL is closed.
             log.warning(
                 "close: could not drain every thread (%s)", exc, extra={"action": "drain_skipped"}
             )

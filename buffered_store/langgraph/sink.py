@@ -34,6 +34,7 @@ from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import (
     BackendUnavailableError,
     ConflictError,
+    DatabaseRefusedError,
     DatabaseUnavailableError,
     StoreError,
 )
@@ -81,7 +82,7 @@ def translate(error: BaseException, what: str) -> StoreError:
         return DatabaseUnavailableError(f"{what}: {error}")
     if failure is DbFailure.CONFLICT:
         return ConflictError(f"{what}: {error}")
-    return StoreError(f"{what}: {error}")
+    return DatabaseRefusedError(f"{what}: {error}")
 
 
 class _Rejected(Exception):
@@ -108,7 +109,7 @@ class _Rejected(Exception):
             return DatabaseUnavailableError(f"flush: {self}")
         if self.failure is DbFailure.CONFLICT:
             return ConflictError(f"flush: {self}")
-        return StoreError(f"flush: {self}")
+        return DatabaseRefusedError(f"flush: {self}")
 
 
 class SinkMetrics:

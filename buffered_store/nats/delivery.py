@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import DEFAULT_PREFIX, Header
 
-from buffered_store.errors import StoreError, WalUnavailableError
+from buffered_store.errors import StoreClosedError, WalUnavailableError
 from buffered_store.nats.errors import translated
 
 log = logging.getLogger("buffered_store.nats.delivery")
@@ -230,7 +230,7 @@ class NatsDelivery:
 
 
 def check_open(delivery: NatsDelivery | None) -> NatsDelivery:
-    """The delivery, or `StoreError` when it was closed."""
+    """The delivery, or `StoreClosedError` when it was closed."""
     if delivery is None:
-        raise StoreError("the flusher's subscription is closed")
+        raise StoreClosedError("the flusher's subscription is closed")
     return delivery

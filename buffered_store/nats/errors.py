@@ -13,6 +13,7 @@ from buffered_store.errors import (
     PayloadTooLargeError,
     StoreError,
     WalFullError,
+    WalRefusedError,
     WalUnavailableError,
 )
 
@@ -45,7 +46,7 @@ async def translated(what: str) -> AsyncIterator[None]:
             ) from exc
         if isinstance(exc, jse.ServiceUnavailableError):
             raise WalUnavailableError(f"{what}: JetStream unavailable ({exc})") from exc
-        raise StoreError(f"{what}: JetStream refused the request ({exc})") from exc
+        raise WalRefusedError(f"{what}: JetStream refused the request ({exc})") from exc
     except (
         TimeoutError,
         nats.errors.TimeoutError,
@@ -62,4 +63,4 @@ async def translated(what: str) -> AsyncIterator[None]:
     except nats.errors.MaxPayloadError as exc:  # refused by the client: nothing was sent
         raise PayloadTooLargeError(f"{what}: larger than the server accepts ({exc})") from exc
     except nats.errors.Error as exc:  # refused by the client: invalid key, draining
-        raise StoreError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
+        raise WalRefusedError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc

@@ -22,7 +22,7 @@ import orjson
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import check_id, utcnow
-from buffered_store.errors import CorruptEntryError, StoreClosedError, StoreError, ValidationError
+from buffered_store.errors import CorruptEntryError, StoreClosedError, ValidationError
 from buffered_store.model.changes import (
     WalEntry,
 )
@@ -374,7 +374,8 @@ class InMemoryThreadRunStore:
             write = self._prepare(
                 coalesce(plan.entries, stored_count=self._stored_count(thread_id))
             )
-        except StoreError as exc:
+        except (ValidationError, CorruptEntryError) as exc:
+            # The thread's data is refused: its outcome says so; other threads go on.
             return _failed(thread_id, watermark, exc, retriable=exc.retriable)
         except (TypeError, ValueError) as exc:
             return _failed(thread_id, watermark, exc, retriable=False)

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy.sql import ClauseElement
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
-from buffered_store.errors import StoreError, ValidationError
+from buffered_store.errors import ConflictError, StoreError, ValidationError
 from buffered_store.model.changes import (
     WalEntry,
 )
@@ -358,7 +358,7 @@ def refused_outcomes(refusals: Sequence[Refusal], results: Sequence[StepResult])
             done[refusal.index] = (codec.failed(refusal.thread_id, refusal.flushed_seq, error), 0)
         else:
             # The owner changed again since (its thread deleted): the same entries may apply.
-            error = StoreError(
+            error = ConflictError(
                 f"thread {refusal.thread_id!r}: a run it names belonged to another thread"
             )
             outcome = ApplyOutcome(

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Row
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.ids import check_id
-from buffered_store.errors import CorruptEntryError, StoreError, ValidationError
+from buffered_store.errors import CorruptEntryError, ValidationError
 from buffered_store.model.changes import (
     WalEntry,
 )
@@ -228,7 +228,9 @@ def plan_batch(entries: Sequence[WalEntry], row: ThreadRow) -> PlannedBatch | Ap
             stored_count=row.message_count,
             at=plan.entries[-1].at,
         )
-    except (StoreError, ValueError, TypeError) as exc:
+    except (CorruptEntryError, ValueError, TypeError) as exc:
+        # The thread's data is refused (ValidationError is a ValueError): a FAILED
+        # outcome for it alone; other threads of the batch go on.
         return failed(tid, watermark, exc)
     live = change.thread is not None
     after = ThreadRow(tid, change.last_seq, change.message_count if live else 0, change.thread)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from buffered_store.errors import (
     ConflictError,
+    DatabaseRefusedError,
     DatabaseUnavailableError,
     SchemaError,
     StoreClosedError,
@@ -71,7 +72,7 @@ def translate_error(error: BaseException) -> StoreError:
         # The statement failed as a whole (one statement or one transaction): nothing
         # was written, and the same data would fail again.
         return ValidationError(f"the database rejected the data: {error}")
-    return StoreError(f"database error: {error}")
+    return DatabaseRefusedError(f"database error: {error}")
 
 
 class PostgresReads:

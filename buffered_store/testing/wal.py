@@ -27,7 +27,7 @@ from buffered_store.engine.ports import AgedValue, ConsumerState, KvValue, Store
 from buffered_store.errors import (
     ConflictError,
     PayloadTooLargeError,
-    StoreError,
+    StoreClosedError,
     WalObjectMissingError,
     WalUnavailableError,
 )
@@ -462,7 +462,7 @@ class MemoryDelivery:
         empty. `WalUnavailableError` when the server is down or the consumer missing; a
         fetch waiting while the consumer is deleted returns empty, as on NATS."""
         if self._closed:
-            raise StoreError("fetch from the flusher consumer: the subscription is closed")
+            raise StoreClosedError("fetch from the flusher consumer: the subscription is closed")
         if count < 1:
             return []
         wal, server, config = self._wal, self._wal.server, self._wal.config

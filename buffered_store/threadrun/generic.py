@@ -37,9 +37,12 @@ from typing import TYPE_CHECKING, Protocol
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import (
     BackendUnavailableError,
+    CommitUnknownError,
+    ConflictError,
     CorruptEntryError,
+    DatabaseRefusedError,
     DatabaseUnavailableError,
-    StoreError,
+    ValidationError,
 )
 from buffered_store.model.changes import (
     EntryKind,
@@ -154,14 +157,17 @@ class GenericFlushTarget:
             raise DatabaseUnavailableError(f"inner store unavailable: {exc}") from exc
         except (ConnectionError, TimeoutError) as exc:
             raise DatabaseUnavailableError(f"inner store unavailable: {exc!r}") from exc
-        except StoreError as exc:
+        except (ValidationError, CorruptEntryError, ConflictError, CommitUnknownError) as exc:
+            # The inner store refused this thread's data (not retriable), or it changed
+            # under the replay (retriable): the thread's outcome says so. Anything else
+            # (closed, schema, a refused statement) is no fault of the thread: it is raised.
             return _failed(thread_id, watermark, str(exc), retriable=exc.retriable)
         except (TypeError, ValueError, KeyError) as exc:
             return _failed(thread_id, watermark, repr(exc))
         last = plan.entries[-1]
         try:
             await self.watermarks.advance(thread_id, last.seq, last.stream_seq)
-        except StoreError as exc:
+        except (BackendUnavailableError, ConflictError, DatabaseRefusedError) as exc:
             # The data is written but its watermark is not: report a retriable failure so
             # the entries are replayed (at least once) rather than acknowledged unmarked.
             return _failed(thread_id, watermark, f"watermark not raised: {exc}", retriable=True)

@@ -160,6 +160,22 @@ async def test_a_drain_the_sink_refuses_still_closes_the_wal() -> None:
         await buffer.wal.last_seq()
 
 
+class BrokenSink(NotesSink):
+    """A sink whose schema is missing: no thread's fault, no outage either."""
+
+    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        raise SchemaError("the tables are missing")
+
+
+async def test_a_drain_failing_otherwise_is_raised_once_the_wal_is_closed() -> None:
+    buffer = notes_buffer(BrokenSink())
+    await write(buffer, "t", "a")
+    with pytest.raises(SchemaError):
+        await buffer.close()
+    with pytest.raises(StoreError):
+        await buffer.wal.last_seq()  # closed all the same
+
+
 async def test_force_flush_all_flushes_every_pending_thread() -> None:
     sink = NotesSink()
     buffer = notes_buffer(sink)

@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from buffered_store.engine.flushing import ApplyStatus
-from buffered_store.errors import DatabaseUnavailableError, ValidationError
+from buffered_store.errors import (
+    ConflictError,
+    DatabaseRefusedError,
+    DatabaseUnavailableError,
+    SchemaError,
+    StoreClosedError,
+    StoreError,
+    ValidationError,
+)
 from buffered_store.model.changes import (
     WalEntry,
 )
@@ -208,6 +216,28 @@ async def test_rejected_data_fails_the_thread_alone() -> None:
     assert not failed.retriable
     assert failed.error is not None
     assert "rejected" in failed.error
+    assert await generic.flushed_seqs(["t"]) == {"t": 0}
+
+
+async def test_a_thread_changed_under_the_replay_fails_it_retriably() -> None:
+    generic, plain = target()
+    plain.fail_with = ConflictError("moved meanwhile")
+    [failed] = await generic.apply([[Chain("t").checkpoint(make_messages(1), make_run("t"))]])
+    assert failed.status is ApplyStatus.FAILED
+    assert failed.retriable
+    assert await generic.flushed_seqs(["t"]) == {"t": 0}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [StoreClosedError("closed"), SchemaError("no tables"), DatabaseRefusedError("no privilege")],
+)
+async def test_a_refusal_that_is_not_the_threads_data_is_raised(error: StoreError) -> None:
+    """Taken for bad data, it would fail (and in time quarantine) every thread in turn."""
+    generic, plain = target()
+    plain.fail_with = error
+    with pytest.raises(type(error)):
+        await generic.apply([[Chain("t").checkpoint(make_messages(1), make_run("t"))]])
     assert await generic.flushed_seqs(["t"]) == {"t": 0}
 
 

@@ -8,8 +8,8 @@ from sqlalchemy import exc as sa_exc
 
 from buffered_store.errors import (
     ConflictError,
+    DatabaseRefusedError,
     DatabaseUnavailableError,
-    StoreError,
     ValidationError,
 )
 from buffered_store.stores.postgres_errors import (
@@ -86,7 +86,7 @@ def test_translation_by_sqlstate() -> None:
     assert translate_error(deadlock).retriable
     missing = _wrapped(psycopg.errors.UndefinedTable("no table"), sa_exc.ProgrammingError)
     other = translate_error(missing)
-    assert type(other) is StoreError
+    assert type(other) is DatabaseRefusedError
     assert not other.retriable
 
 
@@ -96,7 +96,7 @@ def test_without_sqlstate_the_class_decides() -> None:
     assert sqlstate_of(lost) is None
     assert isinstance(translate_error(lost), DatabaseUnavailableError)
     assert isinstance(translate_error(ConnectionResetError()), DatabaseUnavailableError)
-    assert type(translate_error(sa_exc.ArgumentError("bad"))) is StoreError
+    assert type(translate_error(sa_exc.ArgumentError("bad"))) is DatabaseRefusedError
     invalidated = _wrapped(psycopg.errors.UniqueViolation("dup"), sa_exc.IntegrityError)
     invalidated.connection_invalidated = True
     assert isinstance(translate_error(invalidated), DatabaseUnavailableError)
