@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,10 @@ from buffered_store.backoff import Backoff
 NO_RESPONDERS_FIRST_WAIT_S = 0.005
 NO_RESPONDERS_MAX_WAIT_S = 0.1
 """A request that found nobody listening is sent again after these waits (doubling)."""
+
+EXPIRY_SLACK_S = 0.001
+"""The reply inbox's timer fails requests whose deadline is at most this far ahead (a
+loop runs a timer up to its clock resolution early)."""
 
 
 async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:
@@ -70,17 +75,22 @@ class ReplyInbox:
     """Request/reply for the write path's two round trips, on one wildcard inbox.
 
     `Client.request` does the same, but waits for each reply through
-    `asyncio.wait_for`, about a fifth of a checkpoint's client CPU; here the wait is a
-    future under `asyncio.timeout`. The subscription is made on first use and, like any
-    subscription, renewed by nats-py after a reconnect.
+    `asyncio.wait_for`, about a fifth of a checkpoint's client CPU. Here each request
+    only notes its deadline beside its future, and one timer, set for the nearest
+    deadline, fails those whose time is up (`nats.errors.TimeoutError`): a constant
+    timeout makes each new deadline later than the timer's, so a request schedules,
+    cancels and compares no timer of its own. The subscription is made on first use
+    and, like any subscription, renewed by nats-py after a reconnect.
     """
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox() + "."
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}
         self._tokens = itertools.count()
         self._subscribed: asyncio.Future[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     async def request(
         self, subject: str, payload: bytes, headers: dict[str, str], *, timeout_s: float
@@ -88,21 +98,42 @@ class ReplyInbox:
         """The reply to one request; nats-py's errors on failure (`TimeoutError` and
         `NoRespondersError` included), as `Client.request` raises them."""
         await self._subscribe()
+        loop = asyncio.get_running_loop()
         token = str(next(self._tokens))
-        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = reply
+        reply: asyncio.Future[Msg] = loop.create_future()
+        deadline = loop.time() + timeout_s
+        self._waiting[token] = (reply, deadline)
+        if deadline < self._timer_at:
+            self._arm(loop, deadline)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    msg = await reply
-            except TimeoutError:
-                raise nats.errors.TimeoutError from None
+            msg = await reply
         finally:
             self._waiting.pop(token, None)
         if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
             raise nats.errors.NoRespondersError
         return msg
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_at(at, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail every request whose deadline has passed; set the timer for the nearest
+        of the others."""
+        self._timer, self._timer_at = None, math.inf
+        now = loop.time() + EXPIRY_SLACK_S
+        nearest = math.inf
+        for reply, deadline in self._waiting.values():
+            if deadline <= now:
+                if not reply.done():
+                    reply.set_exception(nats.errors.TimeoutError())
+            elif deadline < nearest:
+                nearest = deadline
+        if nearest < math.inf:
+            self._arm(loop, nearest)
 
     async def _subscribe(self) -> None:
         if self._subscribed is None:
@@ -119,9 +150,9 @@ class ReplyInbox:
             raise
 
     async def _deliver(self, msg: Msg) -> None:
-        reply = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if reply is not None and not reply.done():
-            reply.set_result(msg)
+        waiting = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
 
 
 class CountingConnection:

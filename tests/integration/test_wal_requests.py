@@ -24,7 +24,7 @@ from buffered_store.engine.keys import hot_key
 from buffered_store.engine.ports import KvValue
 from buffered_store.errors import WalObjectMissingError, WalUnavailableError
 from buffered_store.nats import NatsWal
-from buffered_store.nats.requests import ReplyInbox, until_answered
+from buffered_store.nats.requests import EXPIRY_SLACK_S, ReplyInbox, until_answered
 from tests.plugins.stores import ConfigFactory, jetstream
 
 
@@ -57,6 +57,59 @@ async def test_a_subject_nobody_serves_raises_no_responders(nc: Client) -> None:
     inbox = ReplyInbox(nc)
     with pytest.raises(nats.errors.NoRespondersError):
         await inbox.request("rq.nobody", b"x", {"X-Tag": "t"}, timeout_s=5)
+
+
+async def test_a_request_not_answered_in_time_times_out_and_the_others_still_answer(
+    nc: Client,
+) -> None:
+    """One timer serves every waiting request: it fails the late one at its deadline,
+    a shorter deadline set later comes first, and the answers of the rest arrive."""
+    silent: list[Msg] = []
+
+    async def answer(msg: Msg) -> None:
+        if msg.data.startswith(b"mute"):
+            silent.append(msg)  # never answered
+            return
+        await asyncio.sleep(0.15)
+        await msg.respond(b"ok:" + msg.data)
+
+    await nc.subscribe("rq.some", cb=answer)
+    inbox = ReplyInbox(nc)
+    arms: list[float] = []
+    arm = inbox._arm
+
+    def counting_arm(loop: asyncio.AbstractEventLoop, at: float) -> None:
+        arms.append(at)
+        arm(loop, at)
+
+    inbox._arm = counting_arm  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def ask(data: bytes, timeout_s: float) -> tuple[bytes | None, float]:
+        try:
+            reply = await inbox.request("rq.some", data, {"X-Tag": "t"}, timeout_s=timeout_s)
+        except nats.errors.TimeoutError:
+            return None, loop.time() - started
+        return reply.data, loop.time() - started
+
+    results = await asyncio.gather(
+        ask(b"mute-long", 0.6),
+        *(ask(str(i).encode(), 5) for i in range(20)),
+        ask(b"mute-short", 0.3),
+    )
+    long_wait, *answered, short_wait = results
+    assert [data for data, _ in answered] == [f"ok:{i}".encode() for i in range(20)]
+    assert long_wait[0] is None
+    assert short_wait[0] is None
+    # Never before its deadline (a loop may run the timer a moment early: the slack).
+    assert short_wait[1] >= 0.3 - EXPIRY_SLACK_S
+    assert long_wait[1] >= 0.6 - EXPIRY_SLACK_S
+    assert len(silent) == 2
+    # Armed for the first request, re-armed for the shorter deadline set after it, and
+    # again by each expiry for the next deadline: never once per request.
+    assert len(arms) <= 4
+    assert not inbox._waiting
 
 
 async def test_until_answered_sends_again_while_nobody_listens_then_gives_up(
