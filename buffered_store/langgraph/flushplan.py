@@ -42,6 +42,7 @@ from buffered_store.langgraph.entry import (
     Writes,
     delta_blob,
 )
+from buffered_store.stores.pipelining import chunks, payload_bytes
 
 WATERMARKS = "bufstore_lg_threads"
 
@@ -313,27 +314,32 @@ def _mergeable(ops: Sequence[Op]) -> bool:
 
 
 class _Columns:
-    """Column arrays of the merged statements."""
+    """Column arrays of the merged statements, with the batch (thread) of each row.
+
+    A statement carries the rows of many threads; `statements` splits each one's rows
+    into chunks of at most `pipelining.CHUNK_BYTES` of parameters, so that no pipelined
+    statement grows past what psycopg sends in pipeline mode (see `pipelining`)."""
 
     def __init__(self) -> None:
         self.blobs: list[list[Any]] = [[] for _ in range(6)]
         self.checkpoints: list[list[Any]] = [[] for _ in range(6)]
         self.inserts: list[list[Any]] = [[] for _ in range(9)]
         self.upserts: list[list[Any]] = [[] for _ in range(9)]
-        self.batches: dict[str, list[int]] = {"b": [], "c": [], "i": [], "u": []}
+        self.rows: dict[str, list[int]] = {"b": [], "c": [], "i": [], "u": []}
+        """Per statement, the batch index of each of its rows."""
 
     def add(self, thread_id: str, index: int, ops: Sequence[Op]) -> None:
         for op in ops:
             if isinstance(op, Put):
                 if op.blobs:
                     _blob_columns(self.blobs, thread_id, op.ns, op.blobs)
-                    self.batches["b"].append(index)
+                    self.rows["b"] += [index] * len(op.blobs)
                 _checkpoint_columns(self.checkpoints, thread_id, op)
-                self.batches["c"].append(index)
+                self.rows["c"].append(index)
             elif isinstance(op, Writes) and op.rows:
                 target, key = (self.upserts, "u") if op.upsert else (self.inserts, "i")
                 _write_columns(target, thread_id, op)
-                self.batches[key].append(index)
+                self.rows[key] += [index] * len(op.rows)
 
     def statements(self) -> list[Statement]:
         out: list[Statement] = []
@@ -343,8 +349,14 @@ class _Columns:
             ("i", INSERT_WRITES, self.inserts),
             ("u", UPSERT_WRITES, self.upserts),
         ):
-            if columns[0]:
-                out.append(Statement(sql, columns, tuple(dict.fromkeys(self.batches[key]))))
+            if not columns[0]:
+                continue
+            owners = self.rows[key]
+            sizes = [payload_bytes(row) for row in zip(*columns, strict=True)]
+            for part in chunks(sizes):
+                params = [column[part.start : part.stop] for column in columns]
+                batches = tuple(dict.fromkeys(owners[part.start : part.stop]))
+                out.append(Statement(sql, params, batches))
         return out
 
 

@@ -49,6 +49,7 @@ from buffered_store.langgraph.flushplan import (
     Statement,
 )
 from buffered_store.langgraph.sink_reads import SinkReads
+from buffered_store.stores.pipelining import fits_pipeline
 from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, retry_in_place
 
 Connection: TypeAlias = psycopg.AsyncConnection[DictRow]
@@ -154,7 +155,15 @@ class LangGraphSink(SinkReads):
         """Watermarks the last flush transaction locked (a rejected thread's outcome
         reports its own)."""
         self.stats = dict.fromkeys(
-            ("round_trips", "statements", "isolated_runs", "conflict_retries", "rejected"), 0
+            (
+                "round_trips",
+                "statements",
+                "isolated_runs",
+                "conflict_retries",
+                "rejected",
+                "unpipelined",
+            ),
+            0,
         )
         """Counters: pipeline syncs and single statements of flushes (``round_trips``),
         statements pipelined, transactions run again with every thread isolated after a
@@ -347,6 +356,8 @@ class LangGraphSink(SinkReads):
     ) -> list[psycopg.AsyncCursor[DictRow]]:
         """Run the statements in one round trip; their cursors, in order. A statement
         that fails raises `_Rejected` naming it (found as the first without a result)."""
+        if not fits_pipeline(statement.params for statement in statements):
+            return await self._one_by_one(conn, statements)
         cursors: list[psycopg.AsyncCursor[DictRow]] = []
         self.stats["round_trips"] += 1
         self.stats["statements"] += len(statements)
@@ -370,6 +381,24 @@ class LangGraphSink(SinkReads):
             error = error or exc
         if error is not None:
             raise _Rejected.of(culprit(statements, cursors, sending, error), error) from error
+        return cursors
+
+    async def _one_by_one(
+        self, conn: Connection, statements: Sequence[Statement]
+    ) -> list[psycopg.AsyncCursor[DictRow]]:
+        """The statements outside pipeline mode, a round trip each: for a statement too
+        large to be pipelined (see `buffered_store.stores.pipelining`)."""
+        self.stats["unpipelined"] += 1
+        cursors: list[psycopg.AsyncCursor[DictRow]] = []
+        for statement in statements:
+            self.stats["round_trips"] += 1
+            self.stats["statements"] += 1
+            cur = conn.cursor()
+            try:
+                await cur.execute(statement.sql, statement.params or None)
+            except psycopg.Error as error:
+                raise _Rejected.of(statement, error) from error
+            cursors.append(cur)
         return cursors
 
     async def _prune(self, conn: Connection, work: PruneWork) -> None:

@@ -17,6 +17,7 @@ from psycopg import AsyncCursor
 from psycopg.pq import TransactionStatus
 from psycopg.rows import namedtuple_row
 
+from buffered_store.stores.pipelining import fits_pipeline
 from buffered_store.stores.postgres_apply import ROLLBACK, Step, StepResult
 
 __all__ = ["PipelineConnection"]
@@ -45,6 +46,8 @@ class PipelineConnection:
         whose statement failed.
         """
         self._failed = None
+        if not fits_pipeline(step.params for step in steps):
+            return await self._one_by_one(steps)
         cursors: list[AsyncCursor[Any]] = []
         failure: psycopg.Error | None = None
         try:
@@ -75,6 +78,25 @@ class PipelineConnection:
             StepResult(cursor.rowcount, await cursor.fetchall() if step.rows else [])
             for step, cursor in zip(steps, cursors, strict=True)
         ]
+
+    async def _one_by_one(self, steps: Sequence[Step]) -> list[StepResult]:
+        """`send` outside pipeline mode, a round trip per statement: for a statement too
+        large to be pipelined (see `buffered_store.stores.pipelining`)."""
+        self._stats["unpipelined"] += 1
+        results: list[StepResult] = []
+        for index, step in enumerate(steps):
+            self._stats["round_trips"] += 1
+            self._stats["statements"] += step.params is not None
+            cursor = self._pg.cursor(row_factory=namedtuple_row)
+            try:
+                await cursor.execute(step.sql, step.params)
+            except psycopg.Error:
+                self._failed = (steps, index)
+                raise
+            results.append(
+                StepResult(cursor.rowcount, await cursor.fetchall() if step.rows else [])
+            )
+        return results
 
     def failed_batch(self) -> int | None:
         """The batch whose statement failed in the last `send` (None: none did, or the

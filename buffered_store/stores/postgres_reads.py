@@ -103,6 +103,7 @@ class PostgresReads:
                 "failed",
                 "messages_written",
                 "runs_written",
+                "unpipelined",
             ),
             0,
         )
@@ -114,7 +115,8 @@ class PostgresReads:
         holds, one), checkpoints (``fast_checkpoints``: one-statement ones),
         ``snapshot_reads`` (cache misses), apply calls and their outcomes
         (``conflict_retries``: transactions run again after a deadlock or serialization
-        failure), message and run rows written."""
+        failure), message and run rows written, and ``unpipelined``: `apply()` steps sent
+        one statement at a time because one was too large for a pipeline."""
         return dict(self._stats)
 
     async def close(self) -> None:

@@ -514,3 +514,27 @@ async def test_rows_equal_those_sqlalchemy_wrote_statement_by_statement(
     finally:
         await engine.dispose()
         await query(database_url, f'DROP SCHEMA IF EXISTS "{reference_schema}" CASCADE')
+
+
+async def test_a_statement_too_large_to_pipeline_is_sent_on_its_own(
+    database_url: str, schema_name: str
+) -> None:
+    """psycopg does not send some pipelined statements of about 8 MB or more (a single
+    text or bytea value, a bytea array: the transaction then sits idle, holding its
+    locks, forever; the LangGraph sink's blob arrays met it). This store's text arrays
+    go at that size, but the guard does not rely on the parameter types: a snapshot of
+    10 MB goes outside pipeline mode, and the next, small, flush is pipelined again."""
+    async with await connect(database_url, schema_name) as store:
+        chain = Chain("large")
+        history = msgs(5_000, prefix="x" * 2_000)
+        before = store.stats()
+        async with asyncio.timeout(60):  # a hang fails the test instead of the suite
+            [outcome] = await store.apply([[chain.checkpoint(history, "large")]])
+        assert outcome.status is ApplyStatus.APPLIED
+        assert delta(store, before, "unpipelined") == [1]
+        assert await store.load_messages("large") == history
+        before = store.stats()
+        async with asyncio.timeout(60):
+            [outcome] = await store.apply([[chain.checkpoint([*history, *msgs(1)], "large")]])
+        assert outcome.status is ApplyStatus.APPLIED
+        assert delta(store, before, "unpipelined", "round_trips") == [0, 2]

@@ -84,6 +84,46 @@ async def test_a_flush_costs_two_round_trips_whatever_the_number_of_threads(
     assert await stored_checkpoints(lg_tables, ids) == {t: ["c1", "c2", "c3"] for t in ids}
 
 
+def blob_entry(thread_id: str, seq: int, data: bytes) -> LgEntry:
+    op = Put(
+        "", f"c{seq}", None, b'{"v": 4}', b'{"step": 1}', (BlobRow("m", str(seq), "bytes", data),)
+    )
+    return LgEntry(thread_id=thread_id, seq=seq, kind="o", at=T, ops=(op,))
+
+
+async def stored_blob_sizes(dsn: str, thread_id: str) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT length(blob) FROM checkpoint_blobs WHERE thread_id = %s ORDER BY version",
+            (thread_id,),
+        )
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def test_large_blobs_are_flushed_without_hanging_the_transaction(
+    sink: LangGraphSink, lg_tables: str
+) -> None:
+    """psycopg may not send a pipelined bytea array (or value) of several MB: the flush
+    then sat "idle in transaction", its watermark rows locked, forever (40 MB of blobs
+    in one statement hung every time here; 10 MB often). Blob arrays are split into
+    chunks that pipeline (two round trips still), and a blob too large for any chunk goes
+    in statements of their own, outside pipeline mode."""
+    many, huge = thread(), thread()
+    chunked = [blob_entry(many, seq, bytes([seq]) * 1_000_000) for seq in range(1, 41)]
+    before = dict(sink.stats)
+    async with asyncio.timeout(60):  # a hang fails the test instead of the suite
+        [outcome] = await sink.apply([chunked])
+    assert outcome.status is ApplyStatus.APPLIED
+    assert sink.stats["round_trips"] - before["round_trips"] == 2
+    assert sink.stats["unpipelined"] == before["unpipelined"]
+    assert await stored_blob_sizes(lg_tables, many) == [1_000_000] * 40
+    async with asyncio.timeout(60):
+        [outcome] = await sink.apply([[blob_entry(huge, 1, b"h" * 9_000_000)]])
+    assert outcome.status is ApplyStatus.APPLIED
+    assert sink.stats["unpipelined"] == before["unpipelined"] + 1
+    assert await stored_blob_sizes(lg_tables, huge) == [9_000_000]
+
+
 async def test_a_thread_whose_rows_postgres_rejects_fails_alone(
     sink: LangGraphSink, lg_tables: str
 ) -> None:

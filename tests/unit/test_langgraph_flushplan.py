@@ -30,6 +30,7 @@ from buffered_store.langgraph.flushplan import (
     RAISE_WATERMARKS,
     UPSERT_WRITES,
 )
+from buffered_store.stores.pipelining import CHUNK_BYTES, fits_pipeline, payload_bytes
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -182,3 +183,30 @@ def test_pruning_threads_run_after_the_pipeline() -> None:
     result = plan(batches)
     assert [(w.batch, w.thread_id, len(w.ops)) for w in result.pruning] == [(0, "a", 2)]
     assert shape(result) == [("checkpoints", (1,)), ("watermarks", (0, 1))]
+
+
+def test_large_blob_columns_are_split_into_statements_psycopg_can_pipeline() -> None:
+    """Each chunk stays under `pipelining.CHUNK_BYTES` (a row alone may not), the chunks
+    hold every row once in order, and each names the threads of its own rows."""
+    big = CHUNK_BYTES // 3
+    batches = [
+        [
+            e(t, seq, put(f"{t}{seq}", BlobRow("m", str(seq), "msgpack", bytes([i]) * big)))
+            for seq in (1, 2)
+        ]
+        for i, t in enumerate("abcd")
+    ]
+    batches.append([e("e", 1, put("e1", BlobRow("m", "1", "msgpack", b"y" * (3 * CHUNK_BYTES))))])
+    result = plan(batches)
+    blobs = [s for s in result.statements if s.sql == INSERT_BLOBS]
+    assert len(blobs) == 5
+    # Two rows of a third of a chunk each, with their keys: a thread's pair per chunk.
+    assert [s.batches for s in blobs] == [(0,), (1,), (2,), (3,), (4,)]
+    rows = [row for s in blobs for row in zip(*columns(s), strict=True)]
+    assert [(r[0], r[3]) for r in rows] == [(t, v) for t in "abcd" for v in "12"] + [("e", "1")]
+    for statement in blobs[:-1]:
+        assert payload_bytes(statement.params) <= CHUNK_BYTES
+    assert fits_pipeline(s.params for s in blobs[:-1])
+    assert not fits_pipeline([blobs[-1].params])  # 6 MiB alone: sent outside a pipeline
+    # The other tables' statements are unchanged: one each.
+    assert [s.sql for s in result.statements].count(INSERT_CHECKPOINTS) == 1
