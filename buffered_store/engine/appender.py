@@ -130,6 +130,7 @@ class Writer(Generic[E, H, S]):
         watermark: Callable[[str], Awaitable[int]] | None = None,
         clock: Callable[[], datetime] = utcnow,
         background_hot: bool = False,
+        hot_linger_s: float = 0.0,
         too_large: Callable[[E, int, int], str] | None = None,
     ) -> None:
         self.wal = wal
@@ -152,7 +153,7 @@ class Writer(Generic[E, H, S]):
         self.background_hot = background_hot
         """The hot record is advanced after `write` returns, off the caller's path (see
         `HotUpdates`): a write then costs one round trip."""
-        self.hot_updates = HotUpdates(self)
+        self.hot_updates = HotUpdates(self, linger_s=hot_linger_s)
         # Nonces: random per instance, then a counter (unique without a syscall per call).
         self._nonce_prefix = secrets.token_hex(8)
         self._nonces = itertools.count(1)

@@ -70,6 +70,7 @@ class WriteBuffer(Generic[E, H, S]):
         check_retained: bool = True,
         clock: Callable[[], datetime] = utcnow,
         background_hot: bool = False,
+        hot_linger_s: float = 0.0,
         flush_parallel: int = 16,
         what: str = "the buffered store",
     ) -> None:
@@ -86,6 +87,7 @@ class WriteBuffer(Generic[E, H, S]):
             watermark=self.watermark if check_retained else None,
             clock=clock,
             background_hot=background_hot,
+            hot_linger_s=hot_linger_s,
             too_large=too_large,
         )
         self.log: ThreadLog[E, H] = self.writer.log

@@ -4,6 +4,7 @@ the merge of two hot records' recent (seq, stream seq) lists."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Generic
 
@@ -26,10 +27,18 @@ class HotUpdates(Generic[H, S]):
     waits for it and then writes the newest record only (writes outrunning the updates
     cost fewer of them). Failures are retried until they succeed or the writer closes;
     `settled` waits for what is in flight.
+
+    With `linger_s`, an update waits that long before it is written, so that the writes
+    of the thread made meanwhile share it (and its round trip runs while the caller is
+    busy elsewhere rather than right after its write); `settled` and `close` cut every
+    linger short.
     """
 
-    def __init__(self, writer: Writer[Any, H, S]) -> None:
+    def __init__(self, writer: Writer[Any, H, S], *, linger_s: float = 0.0) -> None:
         self._writer = writer
+        self._linger_s = linger_s
+        self._hurry = asyncio.Event()
+        self._hurrying = 0
         self._latest: dict[str, Cursor[H, S]] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._revisions: dict[str, int | None] = {}
@@ -54,9 +63,16 @@ class HotUpdates(Generic[H, S]):
 
     async def settled(self) -> None:
         """Return once every update submitted so far is written (or has failed for good:
-        the writer was closed)."""
-        while self._running:
-            await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+        the writer was closed), lingering no more."""
+        self._hurrying += 1
+        self._hurry.set()
+        try:
+            while self._running:
+                await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+        finally:
+            self._hurrying -= 1
+            if not self._hurrying:
+                self._hurry.clear()
 
     async def close(self, timeout_s: float) -> None:
         """Let the updates in flight finish for up to `timeout_s`, then cancel the rest
@@ -74,9 +90,16 @@ class HotUpdates(Generic[H, S]):
             task.cancel()
         await asyncio.gather(*list(self._running.values()), return_exceptions=True)
 
+    async def _linger(self) -> None:
+        if self._linger_s > 0 and not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._linger_s):
+                    await self._hurry.wait()
+
     async def _run(self, thread_id: str) -> None:
         try:
             while thread_id in self._latest:
+                await self._linger()
                 cursor = self._latest.pop(thread_id)
                 assert cursor.hot is not None
                 revision = await self._writer.advance_hot(

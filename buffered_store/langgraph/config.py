@@ -53,6 +53,16 @@ class LangGraphSettings(Role):
     """How long a task's writes (``aput_writes``) may wait for a checkpoint of the same
     thread to share its WAL entry (LangGraph saves the step's checkpoint right after its
     tasks' writes); 0 sends every write at once. A checkpoint never waits."""
+    hot_linger_s: float = 0.5
+    """How long a thread's hot record (where readers in other processes start looking
+    for its unflushed entries) waits after a write before it is advanced in the
+    background, so that the thread's writes of that moment share one update whose round
+    trip runs off the graph's step; 0: right after each write. A write is acknowledged
+    without it either way; other processes' scans of the pending threads (``status``,
+    another saver's ``delete_for_runs`` or ``force_flush_all``) may see a thread's newest
+    entries up to this late, and a process that dies loses the updates still lingering
+    (its entries are flushed all the same; readers find them on the stream). This
+    saver's own reads, ``force_flush_all`` and ``close`` never wait for it."""
     max_inflight_writes: int = 64
     """WAL publishes in flight at once in this saver (more wait their turn, in order);
     0: no bound."""
@@ -83,6 +93,8 @@ class LangGraphSettings(Role):
             raise ConfigError(
                 f"write_linger_s must be between 0 and 1, got {self.write_linger_s!r}"
             )
+        if not isinstance(self.hot_linger_s, int | float) or not 0 <= self.hot_linger_s <= 10:
+            raise ConfigError(f"hot_linger_s must be between 0 and 10, got {self.hot_linger_s!r}")
         if not isinstance(self.max_inflight_writes, int) or self.max_inflight_writes < 0:
             raise ConfigError(f"max_inflight_writes must be >= 0, got {self.max_inflight_writes!r}")
         if self.wal_format not in (1, 2):
@@ -101,6 +113,7 @@ class LangGraphFields:
     owner: str | None
     flush_each_write: bool
     write_linger_s: float
+    hot_linger_s: float
     max_inflight_writes: int
     check_deltas: bool
     wal_format: int

@@ -108,6 +108,7 @@ class BufferedCheckpointSaver(SyncBridge, SaverListing):
             too_large=_too_large,
             check_retained=False,
             background_hot=True,
+            hot_linger_s=config.hot_linger_s,
             flush_parallel=8,
             what="the checkpoint saver",
         )

@@ -110,7 +110,8 @@ async def test_aput_on_a_full_wal_raises_wal_full_and_loses_nothing(
 
 
 async def test_idle_langgraph_threads_leave_the_hot_bucket(lg_config: LangGraphConfig) -> None:
-    config = lg_config.replace(retain_flushed_s=0.3, drain_on_close=False)
+    # No linger: the test waits for the hot record the puts left to be forgotten.
+    config = lg_config.replace(retain_flushed_s=0.3, drain_on_close=False, hot_linger_s=0)
     flushing = FlusherConfig.from_store_config(config, trim_interval_s=0.2, hot_idle_s=1.0)
     thread_id = f"lg-{uuid.uuid4().hex[:8]}"
     bucket = config.hot_bucket

@@ -89,6 +89,7 @@ LANGGRAPH = {
     "owner": None,
     "flush_each_write": False,
     "write_linger_s": 0.002,
+    "hot_linger_s": 0.5,
     "max_inflight_writes": 64,
     "check_deltas": False,
     "wal_format": 2,

@@ -185,3 +185,32 @@ async def test_force_flush_all_flushes_every_pending_thread() -> None:
     assert sink.marks == {"a": 1, "b": 1, "c": 1}
     await asyncio.sleep(0)
     await buffer.close()
+
+
+async def test_lingering_hot_records_take_one_update_for_the_writes_meanwhile() -> None:
+    buffer = notes_buffer(NotesSink(), background_hot=True, hot_linger_s=30.0)
+    for text in "abcde":
+        await write(buffer, "t", text)
+    await asyncio.sleep(0.05)
+    updates = buffer.writer.hot_updates
+    assert updates.updates == 0  # lingering: nothing written yet
+    assert await buffer.log.hot("t") is None
+    # settled() cuts the linger short (a 30 s linger would outlast this wait).
+    await asyncio.wait_for(updates.settled(), 5)
+    assert updates.updates == 1
+    assert updates.coalesced == 4
+    hot = await buffer.log.hot("t")
+    assert hot is not None
+    assert hot.record.seq == 5
+    await write(buffer, "t", "f")
+    await asyncio.wait_for(buffer.close(), 5)  # closing cuts it short too
+    assert updates.updates == 2
+
+
+async def test_without_a_linger_each_write_advances_its_hot_record() -> None:
+    buffer = notes_buffer(NotesSink(), background_hot=True)
+    for text in "abc":
+        await write(buffer, "t", text)
+        await buffer.writer.hot_updates.settled()
+    assert buffer.writer.hot_updates.updates == 3
+    await buffer.close()
