@@ -36,6 +36,7 @@ from buffered_store.errors import (
     ConflictError,
     DatabaseRefusedError,
     DatabaseUnavailableError,
+    SchemaError,
     StoreError,
 )
 from buffered_store.langgraph import flushplan
@@ -50,9 +51,17 @@ from buffered_store.langgraph.flushplan import (
 )
 from buffered_store.langgraph.sink_reads import SinkReads
 from buffered_store.stores.pipelining import fits_pipeline
-from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, retry_in_place
+from buffered_store.stores.postgres_errors import (
+    DbFailure,
+    classify_sqlstate,
+    retry_in_place,
+    schema_missing,
+    sqlstate_of,
+)
 
 Connection: TypeAlias = psycopg.AsyncConnection[DictRow]
+
+SETUP_HINT = "call `await saver.setup()` (or `LangGraphSink.setup()`) once per database"
 
 CREATE_WATERMARKS = f"""
 CREATE TABLE IF NOT EXISTS {WATERMARKS} (
@@ -83,6 +92,8 @@ def translate(error: BaseException, what: str) -> StoreError:
         return DatabaseUnavailableError(f"{what}: {error}")
     if failure is DbFailure.CONFLICT:
         return ConflictError(f"{what}: {error}")
+    if schema_missing(sqlstate_of(error)):
+        return SchemaError(f"{what}: {error} (LangGraph's tables are not set up: {SETUP_HINT})")
     return DatabaseRefusedError(f"{what}: {error}")
 
 
@@ -110,6 +121,8 @@ class _Rejected(Exception):
             return DatabaseUnavailableError(f"flush: {self}")
         if self.failure is DbFailure.CONFLICT:
             return ConflictError(f"flush: {self}")
+        if schema_missing(self.sqlstate):
+            return SchemaError(f"flush: {self} (LangGraph's tables are not set up: {SETUP_HINT})")
         return DatabaseRefusedError(f"flush: {self}")
 
 

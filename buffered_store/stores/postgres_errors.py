@@ -75,6 +75,16 @@ def classify_sqlstate(sqlstate: str | None) -> DbFailure | None:
     return DbFailure.OTHER
 
 
+_SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "3F000"})
+"""undefined_table, undefined_column, undefined_function, invalid_schema_name."""
+
+
+def schema_missing(sqlstate: str | None) -> bool:
+    """Whether `sqlstate` says a table, column, function or schema the statement names
+    does not exist: the schema was not set up (or is older than the code)."""
+    return sqlstate is not None and sqlstate.upper() in _SCHEMA_STATES
+
+
 _RETRY_IN_PLACE_STATES = frozenset({"40001", "40P01"})
 """Serialization failure and deadlock: Postgres aborted this transaction so that a
 concurrent one could go on. The same transaction run again sees the winner's commit."""

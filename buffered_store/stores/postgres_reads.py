@@ -32,7 +32,12 @@ from buffered_store.model.target import StoredThread, VersionedRun
 from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
-from buffered_store.stores.postgres_errors import DbFailure, classify_sqlstate, sqlstate_of
+from buffered_store.stores.postgres_errors import (
+    DbFailure,
+    classify_sqlstate,
+    schema_missing,
+    sqlstate_of,
+)
 
 __all__ = ["PostgresReads", "failure_of", "translate_error"]
 
@@ -72,6 +77,11 @@ def translate_error(error: BaseException) -> StoreError:
         # The statement failed as a whole (one statement or one transaction): nothing
         # was written, and the same data would fail again.
         return ValidationError(f"the database rejected the data: {error}")
+    if schema_missing(sqlstate_of(error)):
+        return SchemaError(
+            f"the store's schema is not set up: {error} (run `bufstore db upgrade`, or "
+            "connect with migrate=True)"
+        )
     return DatabaseRefusedError(f"database error: {error}")
 
 

@@ -20,6 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.keys import msg_id, wal_subject
+from buffered_store.errors import SchemaError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
 from buffered_store.langgraph.entry import (
     BlobRow,
@@ -250,3 +251,18 @@ def test_the_culprit_is_the_first_statement_without_a_result_whenever_the_error_
     assert culprit(statements, cursors, None, server_error) is statements[2]
     client_error = psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
     assert culprit(statements, cursors[:2], statements[2], client_error) is statements[2]
+
+
+async def test_tables_not_set_up_say_so_and_how_to_fix_it(schemas: tuple[str, str]) -> None:
+    """A schema without LangGraph's tables: reads and flushes raise `SchemaError` naming
+    `setup()`, not a refusal an operator has to decode (and no thread is quarantined for
+    it: the flusher's cycle fails and is tried again)."""
+    _, empty = schemas
+    sink = await LangGraphSink.open(empty)
+    try:
+        with pytest.raises(SchemaError, match="setup"):
+            await sink.flushed_seqs(["t"])
+        with pytest.raises(SchemaError, match="setup"):
+            await sink.apply([[put_entry(thread(), 1, "c1")]])
+    finally:
+        await sink.close()

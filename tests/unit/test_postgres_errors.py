@@ -10,12 +10,14 @@ from buffered_store.errors import (
     ConflictError,
     DatabaseRefusedError,
     DatabaseUnavailableError,
+    SchemaError,
     ValidationError,
 )
 from buffered_store.stores.postgres_errors import (
     DbFailure,
     classify_sqlstate,
     retry_in_place,
+    schema_missing,
     sqlstate_of,
 )
 from buffered_store.stores.postgres_reads import failure_of, translate_error
@@ -85,9 +87,20 @@ def test_translation_by_sqlstate() -> None:
     assert isinstance(translate_error(deadlock), ConflictError)
     assert translate_error(deadlock).retriable
     missing = _wrapped(psycopg.errors.UndefinedTable("no table"), sa_exc.ProgrammingError)
-    other = translate_error(missing)
+    unset = translate_error(missing)
+    assert type(unset) is SchemaError
+    assert "bufstore db upgrade" in str(unset)
+    denied = _wrapped(psycopg.errors.InsufficientPrivilege("denied"), sa_exc.ProgrammingError)
+    other = translate_error(denied)
     assert type(other) is DatabaseRefusedError
     assert not other.retriable
+
+
+def test_a_missing_table_column_function_or_schema_means_the_schema_is_not_set_up() -> None:
+    for state in ("42P01", "42703", "42883", "3F000", "42p01"):
+        assert schema_missing(state)
+    for other in (None, "42501", "23505", "40P01"):
+        assert not schema_missing(other)
 
 
 def test_without_sqlstate_the_class_decides() -> None:
