@@ -86,6 +86,7 @@ class CursorCache(Generic[H, S]):
         self._max_bytes = max_bytes
         self._weigh = weigh
         self._weights: dict[str, int] = {}
+        self._pinned: dict[str, int] = {}
         self.held_bytes = 0
         """What the cached cursors weigh now (states plus `CURSOR_OVERHEAD_BYTES` each)."""
 
@@ -112,11 +113,30 @@ class CursorCache(Generic[H, S]):
         self._weights[thread_id] = weight
         self.held_bytes += weight
         while len(self._items) > self._capacity or (
-            self._max_bytes is not None
-            and self.held_bytes > self._max_bytes
-            and len(self._items) > 1
+            self._max_bytes is not None and self.held_bytes > self._max_bytes
         ):
-            self.drop(next(iter(self._items)))
+            victim = next(
+                (t for t in self._items if t != thread_id and t not in self._pinned), None
+            )
+            if victim is None:
+                break  # the rest is being written: over the bounds until it is done
+            self.drop(victim)
+
+    @contextmanager
+    def pinned(self, thread_id: str) -> Iterator[None]:
+        """Keep the thread's cursor from eviction while a write to it runs (what the
+        write learns on the way, its run claims and a snapshot read back, lives in the
+        cursor: evicted between two awaits, the write would start over cold, and under a
+        budget many large threads exceed, again and again). `drop` still forgets it."""
+        self._pinned[thread_id] = self._pinned.get(thread_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._pinned[thread_id] - 1
+            if left:
+                self._pinned[thread_id] = left
+            else:
+                del self._pinned[thread_id]
 
     def _state_weight(self, cursor: Cursor[H, S]) -> int:
         if self._weigh is None or cursor.state is None:

@@ -308,7 +308,13 @@ class BufferedThreadRunStore:
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
             )
 
-        receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
+        async def pinned_write() -> CheckpointReceipt:
+            # The claim and a snapshot read back live in the cursor: keep it cached
+            # until the write is done.
+            with self._writer.cursors.pinned(thread_id):
+                return await write()
+
+        receipt: CheckpointReceipt = await self._locks.run(thread_id, pinned_write)
         return receipt
 
     async def delete_thread(self, thread_id: str) -> None:

@@ -85,3 +85,42 @@ async def test_a_thread_larger_than_the_budget_is_written_without_a_cached_snaps
     await store.force_flush("big")
     assert await inner.load_messages("big") == messages
     await store.close()
+
+
+def test_a_cursor_being_written_is_not_evicted_until_its_write_is_done() -> None:
+    """What a write learns on the way (its run's claim, a snapshot read back) lives in
+    the cursor: evicted between two awaits, the write started over cold, and with many
+    threads larger than the budget it did so until it gave up (ConflictError "keeps
+    being deleted", or a full snapshot too large for the WAL)."""
+    cache: CursorCache[HotRecord, list[bytes]] = CursorCache(
+        100, max_bytes=10 * KB, weigh=FORMAT.state_bytes
+    )
+    written = cursor([b"x" * (3 * KB)])
+    cache.put("a", written)
+    with cache.pinned("a"):
+        for name in ("b", "c", "d"):
+            cache.put(name, cursor([b"x" * (3 * KB)]))
+        assert cache.get("a") is written  # kept although the least recently used
+        assert "b" not in cache.threads()  # the others make room instead
+        with cache.pinned("a"):  # pins nest
+            pass
+        cache.put("e", cursor([b"x" * (3 * KB)]))
+        assert cache.get("a") is written
+    cache.put("f", cursor([b"x" * (3 * KB)]))
+    cache.put("g", cursor([b"x" * (3 * KB)]))
+    assert "a" not in cache.threads()  # unpinned: evicted as usual
+    assert cache.held_bytes <= 10 * KB
+
+
+def test_pinned_cursors_may_hold_the_cache_over_its_budget_until_released() -> None:
+    cache: CursorCache[HotRecord, list[bytes]] = CursorCache(
+        100, max_bytes=10 * KB, weigh=FORMAT.state_bytes
+    )
+    with cache.pinned("a"), cache.pinned("b"):
+        cache.put("a", cursor([b"x" * (4 * KB)]))
+        cache.put("b", cursor([b"x" * (4 * KB)]))
+        cache.put("c", cursor([b"x" * (4 * KB)]))
+        assert set(cache.threads()) == {"a", "b", "c"}
+        assert cache.held_bytes > 10 * KB
+    cache.put("d", cursor([b"x" * (1 * KB)]))
+    assert cache.held_bytes <= 10 * KB
