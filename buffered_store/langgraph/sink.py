@@ -50,7 +50,7 @@ from buffered_store.langgraph.flushplan import (
     Statement,
 )
 from buffered_store.langgraph.sink_reads import SinkReads
-from buffered_store.stores.pipelining import fits_pipeline, idle_in_transaction_sql
+from buffered_store.stores.pipelining import fits_pipeline
 from buffered_store.stores.postgres_errors import (
     DbFailure,
     classify_sqlstate,
@@ -209,7 +209,6 @@ class LangGraphSink(SinkReads):
             name="bufstore-langgraph",
             connection_class=Connection,
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-            configure=_configure,
         )
         await pool.open(wait=False)
         sink = cls(pool, timeout_s=timeout_s)
@@ -463,12 +462,6 @@ def culprit(
         if cur.pgresult is None:
             return statement
     return sending
-
-
-async def _configure(conn: Connection) -> None:
-    """Each new pooled connection: Postgres ends it should it ever sit idle inside a
-    transaction (`pipelining.IDLE_IN_TRANSACTION_TIMEOUT_S`)."""
-    await conn.execute(idle_in_transaction_sql())
 
 
 async def _rollback(conn: Connection) -> None:

@@ -25,20 +25,6 @@ pipeline mode: about half of what was seen to hang."""
 CHUNK_BYTES = 2 * 1024 * 1024
 """The parameter bytes a chunk of rows aims at (`chunks`)."""
 
-IDLE_IN_TRANSACTION_TIMEOUT_S = 60.0
-"""Postgres ends a session of the stores' pools that sits this long inside a transaction
-waiting for its client (``idle_in_transaction_session_timeout``, set on each connection
-as it opens). A flush never pauses that long mid-transaction; a client stuck there (as
-with the pipeline above) would otherwise hold its row locks, and every other flusher
-behind them, for ever. The stuck call then fails as the database being unavailable and
-is tried again."""
-
-
-def idle_in_transaction_sql() -> str:
-    """The statement setting it for the session (SET takes no bound parameter)."""
-    ms = int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)
-    return f"SELECT set_config('idle_in_transaction_session_timeout', '{ms}', false)"
-
 
 def payload_bytes(value: Any) -> int:
     """An upper bound of the bytes `value` takes as statement parameters: bytes as they

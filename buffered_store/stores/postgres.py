@@ -35,7 +35,6 @@ from typing import Any
 
 import orjson
 import psycopg
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
@@ -57,7 +56,6 @@ from buffered_store.stores import migrate as migrations
 from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
-from buffered_store.stores.pipelining import idle_in_transaction_sql
 from buffered_store.stores.postgres_compiled import StatementCompiler
 from buffered_store.stores.postgres_errors import DbFailure, retry_in_place, sqlstate_of
 from buffered_store.stores.postgres_pipeline import PipelineConnection
@@ -168,7 +166,6 @@ class PostgresThreadRunStore(PostgresReads):
         engine = create_async_engine(
             url, json_serializer=_json_dumps, json_deserializer=orjson.loads, **pool_options
         )
-        event.listen(engine.sync_engine, "connect", _configure_connection)
         store = cls(engine, schema=schema, clock=clock, cache_threads=cache_threads)
         try:
             await store._check_schema()
@@ -526,15 +523,3 @@ def _snapshot_after(
     if cached is not None and cached.seq + 1 == entry.seq and len(cached.encoded) == entry.keep:
         return cached.encoded + tuple(call.encoded)
     return None
-
-
-def _configure_connection(dbapi_connection: Any, _record: Any) -> None:
-    """Each new pooled connection: Postgres ends it should it ever sit idle inside a
-    transaction (`pipelining.IDLE_IN_TRANSACTION_TIMEOUT_S`); committed, so that the
-    pool's rollback on return keeps it."""
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute(idle_in_transaction_sql())
-    finally:
-        cursor.close()
-    dbapi_connection.commit()

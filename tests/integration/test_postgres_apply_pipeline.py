@@ -33,7 +33,6 @@ from buffered_store.model.checkpointing import (
 )
 from buffered_store.model.records import Message, RunRecord, RunStatus, Thread
 from buffered_store.stores import migrate as migrations
-from buffered_store.stores import pipelining
 from buffered_store.stores import postgres_apply as plan
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
@@ -539,19 +538,3 @@ async def test_a_statement_too_large_to_pipeline_is_sent_on_its_own(
             [outcome] = await store.apply([[chain.checkpoint([*history, *msgs(1)], "large")]])
         assert outcome.status is ApplyStatus.APPLIED
         assert delta(store, before, "unpipelined", "round_trips") == [0, 2]
-
-
-async def test_postgres_ends_a_session_stuck_inside_a_transaction(
-    database_url: str, schema_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The store's connections carry ``idle_in_transaction_session_timeout``
-    (`pipelining.IDLE_IN_TRANSACTION_TIMEOUT_S`): a client stopped mid-transaction loses
-    its session (and its row locks) instead of holding them for ever."""
-    monkeypatch.setattr(pipelining, "IDLE_IN_TRANSACTION_TIMEOUT_S", 0.5)
-    async with await connect(database_url, schema_name) as store, store._tx.connect() as conn:
-        setting = await conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout")
-        assert setting.scalar() == "500ms"
-        await conn.exec_driver_sql("SELECT 1")  # inside a transaction now
-        await asyncio.sleep(2)
-        with pytest.raises(Exception, match=r"idle-in-transaction|closed|terminat"):
-            await conn.exec_driver_sql("SELECT 1")

@@ -20,7 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.keys import msg_id, wal_subject
-from buffered_store.errors import DatabaseUnavailableError, SchemaError
+from buffered_store.errors import SchemaError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
 from buffered_store.langgraph.entry import (
     BlobRow,
@@ -33,7 +33,6 @@ from buffered_store.langgraph.entry import (
 from buffered_store.langgraph.flushplan import Statement
 from buffered_store.langgraph.sink import LangGraphSink, culprit, failure_of
 from buffered_store.nats import NatsWal
-from buffered_store.stores import pipelining
 from buffered_store.stores.postgres_errors import DbFailure
 from flusher import Flusher
 
@@ -265,43 +264,5 @@ async def test_tables_not_set_up_say_so_and_how_to_fix_it(schemas: tuple[str, st
             await sink.flushed_seqs(["t"])
         with pytest.raises(SchemaError, match="setup"):
             await sink.apply([[put_entry(thread(), 1, "c1")]])
-    finally:
-        await sink.close()
-
-
-async def test_a_flush_stuck_inside_its_transaction_is_ended_by_postgres(
-    lg_tables: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client that stops mid-transaction (as psycopg's pipeline did) would hold the
-    watermark row locks of its threads, and every flusher behind them, for ever: Postgres
-    ends the session after `IDLE_IN_TRANSACTION_TIMEOUT_S`, the flush fails as the
-    database being unavailable (the cycle tries again), the locks are free, and the
-    next flush applies."""
-    monkeypatch.setattr(pipelining, "IDLE_IN_TRANSACTION_TIMEOUT_S", 0.5)
-    sink = await LangGraphSink.open(lg_tables)
-    tid = thread()
-    pipeline = sink._pipeline
-    calls = 0
-
-    async def stalling(conn: Any, statements: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 2:  # between the locking pipeline and the writes
-            await asyncio.sleep(3)
-        return await pipeline(conn, statements)
-
-    try:
-        monkeypatch.setattr(sink, "_pipeline", stalling)
-        with pytest.raises(DatabaseUnavailableError):
-            await sink.apply([[put_entry(tid, 1, "c1")]])
-        other = await psycopg.AsyncConnection.connect(lg_tables, autocommit=True)
-        async with other, other.transaction():  # the rows are free to lock
-            await other.execute("SET LOCAL lock_timeout = '2s'")
-            await other.execute(
-                "SELECT 1 FROM bufstore_lg_threads WHERE thread_id = %s FOR UPDATE", (tid,)
-            )
-        [outcome] = await sink.apply([[put_entry(tid, 1, "c1")]])
-        assert outcome.status is ApplyStatus.APPLIED
-        assert await sink.flushed_seqs([tid]) == {tid: 1}
     finally:
         await sink.close()
