@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -59,17 +60,21 @@ from buffered_store.spark.datasource import (
 from buffered_store.spark.jdbc import (
     RUN_COLUMNS,
     JdbcSource,
+    PinnedSnapshot,
     column_names,
     overlay_messages_sql,
     overlay_runs_sql,
     overlay_threads_sql,
+    pin_snapshot,
     read_messages,
     read_runs,
     read_sql,
     read_threads,
     shared_snapshot,
+    union_messages_sql,
 )
 from buffered_store.spark.session import register_datasource
+from buffered_store.spark.union import Mark, plan_union
 
 RUNS = column_names(RUN_COLUMNS)
 DRIVER_TAIL_MAX_ENTRIES = 20_000
@@ -101,6 +106,10 @@ class StoreSource:
     """Broadcast the overlay to the JDBC scans (turn off for a tail too large for it)."""
     flush_timeout_s: float = 300.0
     """Budget of the ``force_flush_all`` of ``STRONG`` reads."""
+    pin_snapshot: bool = True
+    """``READ_YOUR_WRITES`` with `database_url`: every JDBC partition reads one Postgres
+    snapshot pinned after the WAL tail was read, and messages merge the tail by a union
+    (`union`); off, or without `database_url`: per-partition transactions and a join."""
 
     @classmethod
     def from_urls(
@@ -150,7 +159,10 @@ class StoreSource:
 class Tables:
     """The three tables as one consistency mode shows them (columns: see `jdbc`).
 
-    Each DataFrame is built on first access; its JDBC reads run at each action.
+    Each DataFrame is built on first access; its JDBC reads run at each action. With a
+    `pin` (``READ_YOUR_WRITES`` by default) they all read one Postgres snapshot, held
+    open until `close` (or the end of a ``with`` block, or until neither this object nor
+    a DataFrame it returned is referenced any more).
     """
 
     spark: SparkSession
@@ -158,27 +170,49 @@ class Tables:
     mode: ReadConsistency
     tail: WalTail | None = None
     """The WAL tail merged in (``READ_YOUR_WRITES`` only)."""
+    pin: PinnedSnapshot | None = None
+    """The snapshot every JDBC read uses, pinned after the tail was read."""
 
     @cached_property
     def threads(self) -> DataFrame:
         """Live threads (`THREAD_COLUMNS`)."""
         if self.tail is not None:
-            return self.tail.threads(self.jdbc)
-        return read_threads(self.spark, self.jdbc)
+            return self._held(self.tail.threads(self.jdbc))
+        return self._held(read_threads(self.spark, self.jdbc))
 
     @cached_property
     def messages(self) -> DataFrame:
         """Messages of live threads (`MESSAGE_COLUMNS`)."""
+        if self.tail is not None and self.pin is not None:
+            return self._held(self.tail.union_messages(self.jdbc, self.pin.marks))
         if self.tail is not None:
-            return self.tail.messages(self.jdbc)
-        return read_messages(self.spark, self.jdbc)
+            return self._held(self.tail.messages(self.jdbc))
+        return self._held(read_messages(self.spark, self.jdbc))
 
     @cached_property
     def runs(self) -> DataFrame:
         """Runs of live threads (`RUN_COLUMNS`)."""
         if self.tail is not None:
-            return self.tail.runs(self.jdbc)
-        return read_runs(self.spark, self.jdbc)
+            return self._held(self.tail.runs(self.jdbc))
+        return self._held(read_runs(self.spark, self.jdbc))
+
+    def close(self) -> None:
+        """Release the pinned snapshot, if any; actions on these DataFrames then fail."""
+        if self.pin is not None:
+            self.pin.close()
+
+    def __enter__(self) -> Tables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _held(self, frame: DataFrame) -> DataFrame:
+        # The DataFrame keeps the snapshot alive as long as the caller holds it, even
+        # once this object is gone (``read_tables(...).messages``).
+        if self.pin is not None:
+            setattr(frame, "_bufstore_pin", self.pin)  # noqa: B010
+        return frame
 
 
 @dataclass(frozen=True)
@@ -192,9 +226,19 @@ class WalTail:
     spark: SparkSession
     bounds: tuple[int, int]
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
-    entry_count: int
-    condensed: CondensedTable
+    entries: pa.Table
+    """The tail's entries (`datasource.ENTRY_ARROW`), in stream order."""
     broadcast: bool = True
+
+    @property
+    def entry_count(self) -> int:
+        """Entries read."""
+        return int(self.entries.num_rows)
+
+    @cached_property
+    def condensed(self) -> CondensedTable:
+        """The overlay of the join path (`condense.condense_table`), made on first use."""
+        return condense_table(self.entries)
 
     @cached_property
     def overlay(self) -> DataFrame:
@@ -207,10 +251,21 @@ class WalTail:
         first use: only the runs read needs it."""
         return _frame(self.spark, self.condensed.runs)
 
-    @property
+    @cached_property
     def pending(self) -> tuple[str, ...]:
-        """Threads with entries in the tail."""
-        return tuple(self.condensed.thread_ids)
+        """Threads with entries in the tail, sorted."""
+        ids = pc.unique(self.entries.column("thread_id")).to_pylist()
+        return tuple(sorted(ids))
+
+    def union_messages(self, jdbc: JdbcSource, marks: Mapping[str, tuple[int, int]]) -> DataFrame:
+        """Message rows of live threads at their newest seq: the scan of the snapshot
+        `marks` were read in, minus the rows the tail rewrites, plus the tail's rows
+        above each watermark (`union.plan_union`). `jdbc` must read that snapshot."""
+        plan = plan_union(self.entries, {t: Mark(w, n) for t, (w, n) in marks.items()})
+        scan = read_sql(self.spark, jdbc, union_messages_sql(jdbc, plan.cuts))
+        if not plan.rows.num_rows:
+            return scan
+        return scan.unionByName(_frame(self.spark, plan.rows))
 
     def threads(self, jdbc: JdbcSource) -> DataFrame:
         """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""
@@ -347,7 +402,7 @@ def read_wal_tail(
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
         entries = frame.load().toArrow()
-    return WalTail(spark, bounds, entries.num_rows, condense_table(entries), broadcast)
+    return WalTail(spark, bounds, entries, broadcast)
 
 
 LOCAL_OVERLAY_MAX_BYTES = 8 << 20
@@ -416,7 +471,20 @@ def read_tables(
     mode = ReadConsistency(mode)
     if mode is ReadConsistency.STRONG:
         flush_all(source)
-    return Tables(spark, source.jdbc, mode, _tail(spark, source, mode))
+    tail = _tail(spark, source, mode)
+    if tail is None or not tail.entry_count or not source.pin_snapshot or not source.database_url:
+        return Tables(spark, source.jdbc, mode, tail)
+    return _pinned(spark, source, mode, tail, source.database_url)
+
+
+def _pinned(
+    spark: SparkSession, source: StoreSource, mode: ReadConsistency, tail: WalTail | None, url: str
+) -> Tables:
+    """Tables reading one snapshot pinned now: after the tail was read, so an entry
+    flushed after it is still in the tail (it was not acked, hence not trimmed, when the
+    tail was read), and is dropped only when the snapshot holds it already."""
+    pin = pin_snapshot(url, source.jdbc, tail.pending if tail is not None else ())
+    return Tables(spark, source.jdbc.with_snapshot(pin.snapshot_id), mode, tail, pin)
 
 
 @contextlib.contextmanager
@@ -437,5 +505,9 @@ def consistent_tables(
     if mode is ReadConsistency.STRONG:
         flush_all(source)
     tail = _tail(spark, source, mode)
+    if tail is not None and source.pin_snapshot:
+        with _pinned(spark, source, mode, tail, url) as tables:
+            yield tables
+        return
     with shared_snapshot(url) as snapshot:
         yield Tables(spark, source.jdbc.with_snapshot(snapshot), mode, tail)
