@@ -263,9 +263,19 @@ class WalTail:
         above each watermark (`union.plan_union`). `jdbc` must read that snapshot."""
         plan = plan_union(self.entries, {t: Mark(w, n) for t, (w, n) in marks.items()})
         scan = read_sql(self.spark, jdbc, union_messages_sql(jdbc, plan.cuts))
-        if not plan.rows.num_rows:
+        if not plan.cells.num_rows:
             return scan
-        return scan.unionByName(_frame(self.spark, plan.rows))
+        cells = _frame(self.spark, plan.cells).select(
+            "thread_id", "ov_base", F.posexplode("ov_messages").alias("index", "cell")
+        )
+        rows = cells.select(
+            "thread_id",
+            (F.col("ov_base") + F.col("index")).alias("position"),
+            "cell.role",
+            "cell.message",
+            "cell.thread_seq",
+        )
+        return scan.unionByName(rows)
 
     def threads(self, jdbc: JdbcSource) -> DataFrame:
         """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""

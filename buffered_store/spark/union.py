@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffered_store.errors import StoreError
-from buffered_store.spark.condense import condense_table
+from buffered_store.spark.condense import OVERLAY_ARROW, condense_table
 
 MESSAGE_ROWS_ARROW = pa.schema(
     [
@@ -61,18 +61,35 @@ class Mark:
     stored: int
 
 
+TAIL_CELLS_ARROW = pa.schema(
+    [
+        ("thread_id", pa.string()),
+        ("ov_base", pa.int32()),
+        ("ov_messages", OVERLAY_ARROW.field("ov_messages").type),
+    ]
+)
+"""The tail's rows per thread: ``ov_messages[i]`` is position ``ov_base + i``."""
+
+
 @dataclass(frozen=True, slots=True)
 class UnionPlan:
-    """How the messages read merges the tail: scan rows minus `cuts`, plus `rows`."""
+    """How the messages read merges the tail: scan rows minus `cuts`, plus the rows of
+    `cells`."""
 
-    rows: pa.Table
-    """Rows the tail adds or replaces (`MESSAGE_ROWS_ARROW`), every one newer than the
-    snapshot."""
+    cells: pa.Table
+    """Per thread, the rows the tail adds or replaces (`TAIL_CELLS_ARROW`), every one
+    newer than the snapshot: one row per thread, exploded by Spark (a million rows of a
+    tail of snapshots cost Arrow and Spark far more as rows than as 2,000 lists)."""
     cuts: dict[str, int]
     """Per thread whose scan rows the tail rewrites: the first position dropped from the
     scan (0: every row of the thread)."""
     appending: int
     """Pending threads whose entries only append: their scan rows stay as they are."""
+
+    @property
+    def rows(self) -> pa.Table:
+        """`cells` as message rows (`MESSAGE_ROWS_ARROW`)."""
+        return message_rows(self.cells)
 
 
 def entries_above(entries: pa.Table, marks: Mapping[str, Mark]) -> pa.Table:
@@ -99,7 +116,7 @@ def plan_union(entries: pa.Table, marks: Mapping[str, Mark]) -> UnionPlan:
     """
     condensed = condense_table(entries_above(entries, marks)).threads
     if not condensed.num_rows:
-        return UnionPlan(MESSAGE_ROWS_ARROW.empty_table(), {}, 0)
+        return UnionPlan(TAIL_CELLS_ARROW.empty_table(), {}, 0)
     ids: list[str] = condensed.column("thread_id").to_pylist()
     first = condensed.column("ov_first_seq").to_pylist()
     base = condensed.column("ov_base").to_pylist()
@@ -121,15 +138,16 @@ def plan_union(entries: pa.Table, marks: Mapping[str, Mark]) -> UnionPlan:
             )
         if cut < mark.stored:
             cuts[thread_id] = cut
-    return UnionPlan(_rows(condensed), cuts, len(ids) - len(cuts))
+    cells = condensed.select(TAIL_CELLS_ARROW.names)
+    if pc.list_flatten(cells.column("ov_messages")).null_count:
+        raise TailMismatchError("a position between entries is written by none of them")
+    return UnionPlan(cells, cuts, len(ids) - len(cuts))
 
 
-def _rows(condensed: pa.Table) -> pa.Table:
-    """The cells of the condensed threads as message rows (`MESSAGE_ROWS_ARROW`)."""
+def message_rows(condensed: pa.Table) -> pa.Table:
+    """Per-thread cells (`TAIL_CELLS_ARROW`) as message rows (`MESSAGE_ROWS_ARROW`)."""
     cells = condensed.column("ov_messages").combine_chunks()
     flat = cells.flatten()
-    if flat.null_count:
-        raise TailMismatchError("a position between entries is written by none of them")
     parents = pc.list_parent_indices(cells).to_numpy().astype(np.int64)
     offsets = np.asarray(cells.offsets, dtype=np.int64)
     base = condensed.column("ov_base").to_numpy().astype(np.int64)
