@@ -437,6 +437,20 @@ def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
         loop.close()
 
 
+def receive(read: TailRead, lo: int, hi: int) -> list[StoredMsg]:
+    """The stored messages of ``[lo, hi]``, received in this process, not decoded."""
+
+    async def fetch() -> list[StoredMsg]:
+        wal = await open_wal(read.engine())
+        try:
+            return await wal.read_range(lo, hi)
+        finally:
+            await wal.close()
+
+    with gc_paused():
+        return run_sync(fetch)
+
+
 def read_table(read: TailRead, lo: int, hi: int) -> pa.Table:
     """The rows of ``[lo, hi]``, read in this process (the driver, for a short tail)."""
 

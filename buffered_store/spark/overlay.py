@@ -52,7 +52,7 @@ from buffered_store.spark.datasource import (
     ENTRY_ARROW,
     SOURCE_NAME,
     TailRead,
-    read_table,
+    receive,
     run_sync,
     tail_bounds,
     tail_options,
@@ -74,6 +74,7 @@ from buffered_store.spark.jdbc import (
     union_messages_sql,
 )
 from buffered_store.spark.session import register_datasource
+from buffered_store.spark.tail import ReceivedTail
 from buffered_store.spark.union import Mark, plan_union
 
 RUNS = column_names(RUN_COLUMNS)
@@ -226,14 +227,19 @@ class WalTail:
     spark: SparkSession
     bounds: tuple[int, int]
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
-    entries: pa.Table
-    """The tail's entries (`datasource.ENTRY_ARROW`), in stream order."""
+    received: ReceivedTail
+    """The tail's stored messages (or entries decoded on the executors)."""
     broadcast: bool = True
 
     @property
+    def entries(self) -> pa.Table:
+        """The tail's entries (`datasource.ENTRY_ARROW`), in stream order."""
+        return self.received.entries
+
+    @property
     def entry_count(self) -> int:
-        """Entries read."""
-        return int(self.entries.num_rows)
+        """Entries read (decodable thread entries)."""
+        return int(self.received.message_entries.num_rows)
 
     @cached_property
     def condensed(self) -> CondensedTable:
@@ -254,14 +260,15 @@ class WalTail:
     @cached_property
     def pending(self) -> tuple[str, ...]:
         """Threads with entries in the tail, sorted."""
-        ids = pc.unique(self.entries.column("thread_id")).to_pylist()
+        ids = pc.unique(self.received.message_entries.column("thread_id")).to_pylist()
         return tuple(sorted(ids))
 
     def union_messages(self, jdbc: JdbcSource, marks: Mapping[str, tuple[int, int]]) -> DataFrame:
         """Message rows of live threads at their newest seq: the scan of the snapshot
         `marks` were read in, minus the rows the tail rewrites, plus the tail's rows
         above each watermark (`union.plan_union`). `jdbc` must read that snapshot."""
-        plan = plan_union(self.entries, {t: Mark(w, n) for t, (w, n) in marks.items()})
+        marked = {t: Mark(w, n) for t, (w, n) in marks.items()}
+        plan = plan_union(self.received.message_entries, marked)
         scan = read_sql(self.spark, jdbc, union_messages_sql(jdbc, plan.cuts))
         if not plan.cells.num_rows:
             return scan
@@ -403,16 +410,18 @@ def read_wal_tail(
     """
     bounds = tail_bounds(wal)
     first, last = bounds
-    entries = ENTRY_ARROW.empty_table()
+    received = ReceivedTail(wal, decoded=ENTRY_ARROW.empty_table())
     if 0 <= last - first < driver_max_entries:
-        entries = read_table(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
+        # Received now, decoded when a read needs it (the messages read lightly).
+        read = TailRead.from_options(tail_options(wal, bounds, 1))
+        received = ReceivedTail(wal, receive(read, first, last))
     elif last >= first:
         register_datasource(spark)
         if partitions is None:
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
-        entries = frame.load().toArrow()
-    return WalTail(spark, bounds, entries, broadcast)
+        received = ReceivedTail(wal, decoded=frame.load().toArrow())
+    return WalTail(spark, bounds, received, broadcast)
 
 
 LOCAL_OVERLAY_MAX_BYTES = 8 << 20
@@ -482,9 +491,10 @@ def read_tables(
     if mode is ReadConsistency.STRONG:
         flush_all(source)
     tail = _tail(spark, source, mode)
-    if tail is None or not tail.entry_count or not source.pin_snapshot or not source.database_url:
+    url = source.database_url
+    if tail is None or tail.bounds[1] < tail.bounds[0] or not source.pin_snapshot or not url:
         return Tables(spark, source.jdbc, mode, tail)
-    return _pinned(spark, source, mode, tail, source.database_url)
+    return _pinned(spark, source, mode, tail, url)
 
 
 def _pinned(
