@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import re
 import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,13 @@ RUN_COLUMNS = (
     "error string, output string, metadata string, thread_seq bigint"
 )
 """Columns of a runs DataFrame; `output` (null for none) and `metadata` are JSON text."""
+
+
+def _checked_id(snapshot_id: str) -> str:
+    """`snapshot_id`, refused unless it looks like one (it goes into SQL text)."""
+    if not _SNAPSHOT_ID.match(snapshot_id):
+        raise ConfigError(f"not a snapshot id: {snapshot_id!r}")
+    return snapshot_id
 
 
 def column_names(ddl: str) -> list[str]:
@@ -105,11 +113,9 @@ class JdbcSource:
 
     def with_snapshot(self, snapshot_id: str) -> JdbcSource:
         """The same source, every partition reading the exported snapshot `snapshot_id`."""
-        if not _SNAPSHOT_ID.match(snapshot_id):
-            raise ConfigError(f"not a snapshot id: {snapshot_id!r}")
         init = (
             "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
-            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+            f"SET TRANSACTION SNAPSHOT '{_checked_id(snapshot_id)}'"
         )
         return dataclasses.replace(self, session_init=init)
 
@@ -300,13 +306,22 @@ def read_runs(spark: SparkSession, source: JdbcSource) -> DataFrame:
     return read_sql(spark, source, runs_sql(source))
 
 
+RECENT_PINS = 4
+"""Pinned snapshots kept open by `pin_snapshot` itself, newest first, whether or not
+anything else references them."""
+_recent_pins: deque[PinnedSnapshot] = deque(maxlen=RECENT_PINS)
+
+
 class PinnedSnapshot:
-    """An exported Postgres snapshot, kept alive until `close` (or garbage collection),
-    with what the driver read in it: each pending thread's watermark and stored count.
+    """An exported Postgres snapshot, kept alive with what the driver read in it: each
+    pending thread's watermark and stored message count.
 
     Every JDBC partition of a source made by ``source.with_snapshot(pinned.snapshot_id)``
     reads this one database state; once closed, such partitions fail to start
-    (``invalid snapshot identifier``) instead of reading another state.
+    (``invalid snapshot identifier``) instead of reading another state. It closes on
+    `close`, or once no object references it and it is not among the `RECENT_PINS` last
+    pinned: a DataFrame derived from a read (``read_tables(...).runs.groupBy(...)``)
+    keeps no Python reference to it, so the last few stay open for such chains.
     """
 
     def __init__(self, conn: Any, snapshot_id: str, marks: dict[str, tuple[int, int]]) -> None:
@@ -349,20 +364,32 @@ def pin_snapshot(database_url: str, source: JdbcSource, pending: Iterable[str]) 
     import psycopg
 
     pending = list(pending)
-    conn = psycopg.connect(to_libpq_url(database_url))
+    url = to_libpq_url(database_url)
+    conn = psycopg.connect(url)
     try:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         row = conn.execute("SELECT pg_export_snapshot()").fetchone()
         assert row is not None
+        snapshot_id = str(row[0])
         marks: dict[str, tuple[int, int]] = {}
         if pending:
-            for thread_id, watermark, stored in conn.execute(marks_sql(source, pending)):
-                marks[str(thread_id)] = (int(watermark), int(stored))
+            # Read in a transaction of its own that imports the snapshot: the pinning one
+            # then holds no lock on any table (a lock would block DDL, e.g. migrations,
+            # for as long as the snapshot stays pinned).
+            with psycopg.connect(url) as reader:
+                reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                reader.read_only = True
+                reader.execute(f"SET TRANSACTION SNAPSHOT '{_checked_id(snapshot_id)}'")
+                for thread_id, watermark, stored in reader.execute(marks_sql(source, pending)):
+                    marks[str(thread_id)] = (int(watermark), int(stored))
+                reader.rollback()
     except BaseException:
         _end_snapshot(conn)
         raise
-    return PinnedSnapshot(conn, str(row[0]), marks)
+    pinned = PinnedSnapshot(conn, snapshot_id, marks)
+    _recent_pins.append(pinned)
+    return pinned
 
 
 @contextlib.contextmanager

@@ -28,7 +28,8 @@ from buffered_store.engine.ports import StoredMsg
 from buffered_store.errors import CorruptEntryError
 from buffered_store.model.changes import EntryKind
 from buffered_store.model.messages import canonical_objects
-from buffered_store.spark.datasource import ENTRY_ARROW, decode_messages, entry_batch, gc_paused
+from buffered_store.spark import datasource
+from buffered_store.spark.datasource import ENTRY_ARROW, entry_batch, gc_paused
 
 _CHECKPOINT = EntryKind.CHECKPOINT.value
 _DELETE = EntryKind.DELETE.value
@@ -50,7 +51,7 @@ class ReceivedTail:
         if self.decoded is not None:
             return self.decoded
         with gc_paused():
-            batch = entry_batch(decode_messages(self.config, self.messages))
+            batch = entry_batch(datasource.decode_messages(self.config, self.messages))
             return pa.Table.from_batches([batch], schema=ENTRY_ARROW)
 
     @cached_property
