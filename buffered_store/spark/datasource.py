@@ -214,8 +214,11 @@ def split_range(first: int, last: int, partitions: int, min_size: int) -> list[t
 
 
 async def open_wal(config: EngineConfig) -> NatsWal:
-    """A read-only WAL handle: connects without creating or checking any server object."""
-    return await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect="never")
+    """A read-only WAL handle: connects without creating or checking any server object;
+    its connection parses message headers faster (`nats.scan.header_lines`)."""
+    wal = await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect="never")
+    wal.receive_in_bulk()
+    return wal
 
 
 def tail_bounds(config: EngineConfig) -> tuple[int, int]:

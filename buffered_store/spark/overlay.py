@@ -7,23 +7,31 @@
 
 How the merge stays correct and cheap (DESIGN.md invariants 15 and 16):
 
-1. The WAL tail is read **first** (``threadlog`` source, on the executors, as Arrow) and
-   condensed on the driver with column operations (`condense.condense_table`) into the
-   overlay: one row per pending thread, one per run id, handed to Spark as Arrow. Its
-   cost is O(pending entries). The JDBC reads run afterwards, at each action; rows the
-   overlay surely replaces come without their text (`CondensedTable.replaced`).
-2. Every JDBC statement returns, with each row of a pending thread, that thread's
-   watermark ``W`` (`threads.flushed_seq`) read *in the same statement*, plus
-   placeholder rows for what the entries may add (message positions beyond the stored
-   count, runs the table does not hold); see the ``overlay_*_sql`` builders. Each
-   partition is its own transaction, so ``W`` may differ between partitions, but
-   within a partition the rows of a thread are exactly its state at ``W``.
-3. Entries at or below ``W`` are ignored, the others win: newest seq wins per key. A
-   flush that commits between the WAL read and the JDBC read only raises ``W``; it can
-   never let an older entry shadow a newer row.
-4. The overlay is broadcast and joined to the scan; each scan row is kept, replaced by
-   the entry version or dropped, one row in and at most one out, with no shuffle. The
-   merge costs a map over the scan plus O(pending entries).
+1. The WAL tail is read **first**: its bounds from the flusher consumer, then its
+   messages, received by the driver (a long tail: decoded on the executors by the
+   ``threadlog`` source). Its cost is O(pending entries).
+2. Then **one Postgres snapshot is pinned** (`jdbc.pin_snapshot`): exported by a
+   transaction the read keeps open, and read once by the driver for each pending
+   thread's watermark ``W`` (`threads.flushed_seq`) and stored message count. Every JDBC
+   partition of every read of the `Tables` imports it, so ``W`` is the same everywhere
+   and known before any row is scanned. Taken after the tail was received, it can only
+   be newer: an entry flushed in between is in both (the tail was received before its
+   ack, and the WAL is trimmed below the ack floor only), and one flushed later is in
+   the tail only.
+3. **Messages: a union.** Entries at or below ``W`` are dropped; what is left is newer
+   than the snapshot and wins (`union.plan_union`). A thread whose remaining entries
+   only append keeps its scanned rows as they are; a thread they rewrite (a truncation,
+   a snapshot entry, a delete) is cut from the scan from the lowest position they write,
+   by a pushed-down condition. The tail's rows are added by ``UNION ALL``: no join, no
+   per-row watermark, and the scan fetches only the columns a query uses.
+4. **Threads and runs** (small tables) merge as before: each statement returns, with the
+   rows of a pending thread, ``W`` read in the same statement and placeholders for what
+   the entries add, and the overlay (one row per pending thread, one per run id, condensed
+   by `condense.condense_table`) is broadcast and joined; entries at or below ``W`` are
+   ignored, the others win. This merge needs no pinned snapshot: with
+   ``StoreSource(pin_snapshot=False)`` (or no `database_url`) messages merge the same way,
+   every partition in its own transaction, and a flush between the tail read and the
+   JDBC read only raises ``W``.
 
 A delete entry above ``W`` hides the thread, its messages and its runs; so does a
 tombstone row. A thread whose entries above ``W`` do not start at ``W + 1`` (an entry
