@@ -364,8 +364,7 @@ def pin_snapshot(database_url: str, source: JdbcSource, pending: Iterable[str]) 
     import psycopg
 
     pending = list(pending)
-    url = to_libpq_url(database_url)
-    conn = psycopg.connect(url)
+    conn = psycopg.connect(to_libpq_url(database_url))
     try:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
@@ -374,16 +373,13 @@ def pin_snapshot(database_url: str, source: JdbcSource, pending: Iterable[str]) 
         snapshot_id = str(row[0])
         marks: dict[str, tuple[int, int]] = {}
         if pending:
-            # Read in a transaction of its own that imports the snapshot: the pinning one
-            # then holds no lock on any table (a lock would block DDL, e.g. migrations,
-            # for as long as the snapshot stays pinned).
-            with psycopg.connect(url) as reader:
-                reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                reader.read_only = True
-                reader.execute(f"SET TRANSACTION SNAPSHOT '{_checked_id(snapshot_id)}'")
-                for thread_id, watermark, stored in reader.execute(marks_sql(source, pending)):
-                    marks[str(thread_id)] = (int(watermark), int(stored))
-                reader.rollback()
+            # In a subtransaction rolled back after: its lock on the threads table goes
+            # with it (a lock held while pinned would block DDL, e.g. migrations), the
+            # transaction's snapshot stays.
+            conn.execute("SAVEPOINT marks")
+            for thread_id, watermark, stored in conn.execute(marks_sql(source, pending)):
+                marks[str(thread_id)] = (int(watermark), int(stored))
+            conn.execute("ROLLBACK TO SAVEPOINT marks")
     except BaseException:
         _end_snapshot(conn)
         raise
