@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from buffered_store.spark import overlay
+from buffered_store.spark import jdbc, overlay
 from buffered_store.spark.jdbc import PinnedSnapshot
 from buffered_store.spark.overlay import read_tables
 from buffered_store.spark.union import Mark, plan_union
@@ -39,7 +39,7 @@ def rows(frame: DataFrame) -> list[tuple[Any, ...]]:
 def pins(monkeypatch: pytest.MonkeyPatch, before: Any) -> list[PinnedSnapshot]:
     """Run `before()` right before each snapshot is pinned; returns the pins made."""
     made: list[PinnedSnapshot] = []
-    pin = overlay.pin_snapshot
+    pin = jdbc.pin_snapshot
 
     def pinning(*args: Any) -> PinnedSnapshot:
         before()
