@@ -194,3 +194,15 @@ def test_snapshots_of_a_rewritten_history_differ_from_the_stored_one() -> None:
     plan = plan_union(table(entries), {"a": Mark(1, 1)})
     assert plan.cuts == {"a": 0}
     assert [r["thread_seq"] for r in plan.rows.to_pylist()] == [2]
+
+
+def test_the_light_decode_cuts_messages_whose_text_holds_the_separator() -> None:
+    entries = [
+        checkpoint("t", 1, 0, ["a},{b", "}", "{"], 3),
+        checkpoint("t", 2, 3, ['x"},{"y'], 4),
+        checkpoint("t", 3, 4, [], 4),
+    ]
+    subject = wal_subject("S", "t")
+    stored = [StoredMsg(e.stream_seq, subject, encode_entry(e)) for e in entries]
+    light = message_entries("S", stored)
+    assert light.column("messages").to_pylist() == table(entries).column("messages").to_pylist()
