@@ -91,7 +91,8 @@ DRIVER_TAIL_MAX_ENTRIES = 20_000
 
 The job's fixed cost (planning, Python workers, one NATS connection per slice, the Arrow
 trip back to the driver) outweighs its parallelism below this: on the 2-core benchmark
-machine the driver reads 10,000 entries in about 0.5 s, the job in 0.6 to 0.8 s
+machine, before the driver decoded lazily, it read 10,000 entries in about 0.5 s, the job
+in 0.6 to 0.8 s
 (`local[2]`), and even a 96 MB tail of snapshot entries no faster (2.3 to 3.0 s against
 1.9 to 2.4 s). With the flusher running, a tail is a flush interval's worth of entries."""
 _SUMMARY = ["parent_thread_id", "metadata", "created_at", "updated_at", "latest_run_id"]
