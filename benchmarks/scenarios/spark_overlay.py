@@ -13,8 +13,8 @@ a stream, seeded alike), against the same plain JDBC read:
   right before the job).
 
 After the reads, each step of a warm overlay read is timed on its own (the report's
-*Where the overlay read's time goes*), with the floor ratio that receiving the tail,
-parsing its JSON and a join over every scanned row make with nothing else.
+*Where the overlay read's time goes*), with the floor ratio that receiving the tail and
+parsing its JSON make with nothing else.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ DESCRIPTION = (
     "through the overlay of each data set (READ_YOUR_WRITES: WAL tail read and merged). "
     "Every read uses the same JDBC partitioning and ends in the same aggregation (rows, "
     "message characters, positions, newest thread_seq: Spark fetches only the message, "
-    "position and thread_seq columns for the plain read, while the overlay's merge also "
-    "needs each row's thread_id); after one unmeasured warm-up of each, they alternate. "
-    "Then each step of a warm overlay read is timed on its own (receiving the tail, "
-    "parsing its JSON, decoding, Arrow columns, condensing, the overlay DataFrame; the "
-    "plain scan against the same scan joined to a one-row table), with the floor that "
-    "receiving, parsing and a join over every row make."
+    "position and thread_seq columns, for the plain read and for the overlay's scan, "
+    "which reads one pinned snapshot and gets the tail's rows by a union); after one "
+    "unmeasured warm-up of each, they alternate. Then each step of a warm overlay read is "
+    "timed on its own (receiving the tail, parsing its JSON, decoding, pinning the "
+    "snapshot, planning the union, the merged DataFrame; the plain scan against the "
+    "merged read's action), with the floor that receiving and parsing the tail make."
 )
 
 TAILS: dict[str, dict[str, str]] = {
@@ -498,8 +498,7 @@ def _spark_reads(
 
 def _aggregate(messages: Any) -> Any:
     """The action every read ends in: one aggregation over the message, position and
-    thread_seq columns (the plain read fetches only those; the overlay's merge also needs
-    thread_id)."""
+    thread_seq columns (the only columns either read fetches from Postgres)."""
     from pyspark.sql import functions as F
 
     return messages.agg(

@@ -86,49 +86,49 @@ SPLIT_STEPS = {
     "receive_s": "WAL tail: connect, receive the entries through nats-py, close; nothing "
     "else (floor)",
     "parse_json_s": "WAL tail: parse their JSON, no checks (floor)",
-    "decode_s": "WAL tail: decode the entries as the flusher does (JSON, checks, records)",
-    "arrow_s": "WAL tail: Arrow columns",
-    "condense_s": "WAL tail: condense into the overlay",
-    "frames_s": "the overlay DataFrame a messages read builds",
+    "decode_s": "WAL tail: decode what the messages read needs (`tail.message_entries`: "
+    "JSON, checks, Arrow columns; no run records)",
+    "pin_s": "pin a Postgres snapshot, read the pending threads' watermarks in it",
+    "plan_s": "drop the entries it holds, condense, find the threads to cut (`plan_union`)",
+    "frames_s": "the merged DataFrame: the plan again, the tail's rows to Spark, the union",
     "plain_scan_s": "plain JDBC scan + aggregation",
-    "joined_scan_s": "the same scan broadcast-joined to a one-row table (it also fetches "
-    "thread_id, the join key, as the overlay must)",
+    "union_scan_s": "the same scan reading the pinned snapshot, the tail's rows unioned in "
+    "(the merged read's action)",
 }
-"""Each step measured by `_split_once`, as the report names it."""
+"""Each step measured by `split_once`, as the report names it."""
 
 
 def cost_split(split: list[dict[str, Any]], plain: float) -> dict[str, Any]:
     """Medians of the steps, and the floor: the plain read plus what no implementation
-    on this stack avoids (the tail's bounds, receiving and parsing it) plus a join over
-    every row (what a merge on the Spark side costs before any expression). Ratios are
-    over `plain`, the judged plain median, as the target's is; the join cost is the
-    median of the split's own pairs of scans."""
+    on this stack avoids (the tail's bounds, receiving and parsing it). Ratios are over
+    `plain`, the judged plain median, as the target's is; the union's cost is the median
+    of the split's own pairs of scans."""
     if not split:
         return {}
     medians = {step: float(statistics.median(x[step] for x in split)) for step in SPLIT_STEPS}
-    join = float(statistics.median(x["joined_scan_s"] - x["plain_scan_s"] for x in split))
+    union = float(statistics.median(x["union_scan_s"] - x["plain_scan_s"] for x in split))
     tail = medians["bounds_s"] + medians["receive_s"] + medians["parse_json_s"]
-    floor = tail + max(0.0, join)
     return {
         "repeats": len(split),
         "entries": split[0]["entries"],
         "median_s": medians,
-        "join_cost_s": join,
-        "floor_over_plain_s": floor,
-        "floor_ratio": ratio(plain + floor, plain),
+        "union_cost_s": union,
+        "floor_over_plain_s": tail,
         "tail_floor_ratio": ratio(plain + tail, plain),
     }
 
 
 def floor_why(split: dict[str, Any]) -> str | None:
-    if not split or split["floor_ratio"] is None:
+    if not split or split["tail_floor_ratio"] is None:
         return None
     steps = split["median_s"]
+    driver = sum(steps[s] for s in ("decode_s", "pin_s", "plan_s", "frames_s"))
     return (
-        f"reading the tail ({steps['bounds_s'] + steps['receive_s']:.2f} s), parsing its JSON "
-        f"({steps['parse_json_s']:.2f} s) and a join over every scanned row "
-        f"({split['join_cost_s']:+.2f} s) alone make {split['floor_ratio']:.2f}x the plain "
-        "read; see *Where the overlay read's time goes*"
+        f"reading the tail ({steps['bounds_s'] + steps['receive_s']:.2f} s) and parsing its "
+        f"JSON ({steps['parse_json_s']:.2f} s) alone make {split['tail_floor_ratio']:.2f}x "
+        f"the plain read; decoding, pinning, planning and the tail's DataFrame "
+        f"{driver:.2f} s, the union's scan {split['union_cost_s']:+.2f} s over the plain "
+        "one; see *Where the overlay read's time goes*"
     )
 
 
@@ -142,14 +142,14 @@ def split_section(split: dict[str, Any], warm: dict[str, Any]) -> str:
         "| step | median s |",
         "|---|---:|",
         *(f"| {label} | {split['median_s'][step]:.3f} |" for step, label in SPLIT_STEPS.items()),
-        f"| the join alone (pairwise difference of the two scans) | {split['join_cost_s']:+.3f} |",
+        f"| the union alone (pairwise difference of the two scans) | "
+        f"{split['union_cost_s']:+.3f} |",
         "",
         f"Measured overlay read: {warm['median_s']:.2f} s, of which read_tables() "
         f"{warm['median_read_tables_s']:.2f} s and the merged scan {warm['median_scan_s']:.2f} "
         f"s. Floor of any read on nats-py (the tail's bounds, receiving and parsing it, "
-        f"nothing else): {_x(split['tail_floor_ratio'])} the plain read; with a join over "
-        f"every row, the least a merge on the Spark side does: {_x(split['floor_ratio'])} "
-        "(ratios over the plain read's median above, as the target's).",
+        f"nothing else): {_x(split['tail_floor_ratio'])} the plain read (ratio over the "
+        "plain read's median above, as the target's).",
     ]
     return "\n".join(lines)
 
@@ -162,31 +162,22 @@ def split_once(spark: Any, source: Any, aggregate: Callable[[Any], Any]) -> dict
     """One measurement of where a warm-tail overlay read's time goes, step by step.
 
     The steps `read_tables(...).messages` takes on the driver: the tail's bounds (a NATS
-    connection of their own), receiving the entries (another), decoding them and
-    building Arrow columns with the garbage collector paused, condensing, the overlay
-    DataFrame a messages read builds. Two of them are floors no implementation in this
-    stack goes below: the bounds and receiving the messages through nats-py without
-    looking at them; a third, parsing their JSON without any check, stands for the least
-    any decoding does. Then, on the Spark side, the plain scan and the same scan
-    broadcast-joined to a one-row table: the cost of joining every row to anything at
-    all, before any merge expression, including fetching each row's thread_id (the join
-    key), which the plain scan's column pruning leaves out and the overlay cannot.
+    connection of their own), receiving the entries (another) with the garbage collector
+    paused, decoding what the messages read needs, pinning the snapshot, planning the
+    union, the tail's DataFrame. Two of them are floors no implementation in this stack
+    goes below: the bounds and receiving the messages through nats-py without looking at
+    them; a third, parsing their JSON without any check, stands for the least any
+    decoding does. Then, on the Spark side, the plain scan and the merged read's action
+    (the same scan reading the pinned snapshot, the tail's rows unioned in), pair by pair.
     """
     import orjson
-    import pyarrow as pa
-    from pyspark.sql import functions as F
+    from pyspark.sql import DataFrame
 
-    from buffered_store.spark.condense import condense_table
-    from buffered_store.spark.datasource import (
-        decode_messages,
-        entry_batch,
-        gc_paused,
-        open_wal,
-        run_sync,
-        tail_bounds,
-    )
-    from buffered_store.spark.jdbc import read_messages
+    from buffered_store.spark.datasource import gc_paused, open_wal, run_sync, tail_bounds
+    from buffered_store.spark.jdbc import pin_snapshot, read_messages
     from buffered_store.spark.overlay import WalTail
+    from buffered_store.spark.tail import ReceivedTail, message_entries
+    from buffered_store.spark.union import Mark, plan_union
 
     wal_config = source.need_wal()
     laps = Laps()
@@ -200,35 +191,34 @@ def split_once(spark: Any, source: Any, aggregate: Callable[[Any], Any]) -> dict
         finally:
             await wal.close()
 
-    with gc_paused():  # as `read_table` reads, decodes and builds the columns
+    with gc_paused():  # as `read_wal_tail` receives and `ReceivedTail` decodes
         messages = run_sync(receive)
         laps.mark("receive_s")
         for message in messages:
             orjson.loads(message.data)
         laps.mark("parse_json_s")
-        items = decode_messages(wal_config, messages)
+        entries = message_entries(wal_config.stream_name, messages)
         laps.mark("decode_s")
-        batch = entry_batch(items)
-        laps.mark("arrow_s")
-    condensed = condense_table(pa.Table.from_batches([batch]))
-    laps.mark("condense_s")
-    assert WalTail(spark, (first, last), batch.num_rows, condensed).overlay is not None
-    laps.mark("frames_s")
+    tail = WalTail(spark, (first, last), ReceivedTail(wal_config, decoded=entries))
+    pinned = pin_snapshot(source.need_database_url("the split"), source.jdbc, tail.pending)
+    try:
+        laps.mark("pin_s")
+        plan_union(entries, {t: Mark(w, n) for t, (w, n) in pinned.marks.items()})
+        laps.mark("plan_s")
+        jdbc = source.jdbc.with_snapshot(pinned.snapshot_id)
+        union = tail.union_messages(jdbc, pinned.marks)  # plans again: counted in frames_s
+        laps.mark("frames_s")
 
-    one = spark.createDataFrame([("-", 1)], "thread_id string, one int")
+        def scan(frame: DataFrame) -> float:
+            start = time.perf_counter()
+            aggregate(frame)
+            return time.perf_counter() - start
 
-    def scan(join: bool) -> float:
-        frame = read_messages(spark, source.jdbc)
-        if join:
-            joined = frame.join(F.broadcast(one), "thread_id", "left")
-            frame = joined.where(F.coalesce(F.col("one") > 0, F.lit(True))).drop("one")
-        start = time.perf_counter()
-        aggregate(frame)
-        return time.perf_counter() - start
-
-    return {
-        "entries": len(items),
-        **laps.seconds,
-        "plain_scan_s": scan(False),
-        "joined_scan_s": scan(True),
-    }
+        return {
+            "entries": entries.num_rows,
+            **laps.seconds,
+            "plain_scan_s": scan(read_messages(spark, source.jdbc)),
+            "union_scan_s": scan(union),
+        }
+    finally:
+        pinned.close()

@@ -80,6 +80,13 @@ class WalHandles:
         """Largest message the server accepts (1 MiB before the connection says)."""
         return int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
 
+    def receive_in_bulk(self) -> None:
+        """Tune this connection for receiving many messages (a scan of the WAL tail): it
+        parses their headers with `scan.header_lines`."""
+        from buffered_store.nats.scan import parse_headers_faster
+
+        parse_headers_faster(self._nc)
+
     @property
     def reconnects(self) -> int:
         """Times the client re-established its connection."""

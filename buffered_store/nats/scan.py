@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Any
 
 import nats.errors
@@ -96,16 +97,19 @@ async def _pull_all(
             done = True
             batch_over.set()
             return
-        meta = msg.metadata
+        counters = None if times is not None else ack_counters(msg.reply)
+        if counters is None:
+            meta = msg.metadata
+            counters = meta.sequence.stream, meta.num_pending
+            if times is not None:
+                times[counters[0]] = meta.timestamp.timestamp()
         received += 1
-        seq = meta.sequence.stream
+        seq, pending = counters
         if last and seq > last:
             done = True
         elif msg.data:
             found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
-            if times is not None:
-                times[seq] = meta.timestamp.timestamp()
-        if meta.num_pending == 0 or (last and seq >= last):
+        if pending == 0 or (last and seq >= last):
             done = True
         if done or received >= wanted:
             batch_over.set()
@@ -134,6 +138,63 @@ async def _pull_all(
     if refused:  # never a silently shortened scan
         raise WalUnavailableError(f"consumer scan of {stream} interrupted: {refused.strip()}")
     return found
+
+
+_ACK_V1_TOKENS = 9
+"""``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``"""
+
+
+def ack_counters(reply: str | None) -> tuple[int, int] | None:
+    """``(stream seq, pending)`` of a delivered JetStream message, from its reply subject
+    (None: not one nats-py would take apart either).
+
+    What ``msg.metadata`` gives, without its objects and timestamp: a consumer scan of
+    10,000 entries made them for every message.
+    """
+    if not reply:
+        return None
+    tokens = reply.split(".")
+    if len(tokens) < _ACK_V1_TOKENS or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    try:
+        if len(tokens) == _ACK_V1_TOKENS:
+            return int(tokens[5]), int(tokens[8])
+        if len(tokens) >= 11:
+            return int(tokens[Msg.Ack.StreamSeq]), int(tokens[Msg.Ack.NumPending])
+    except ValueError:
+        return None
+    return None
+
+
+_SPACE = re.compile(r"\s")
+
+
+def header_lines(raw: bytes) -> dict[str, str]:
+    """nats-py's ``Client._parse_header_lines``, the same result at a third of the cost:
+    a name with whitespace is skipped by one regular-expression search instead of a
+    Python generator over its characters, which made about a fifth of receiving a
+    consumer scan."""
+    out: dict[str, str] = {}
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if _SPACE.search(key):
+            continue
+        out[key] = value.strip().decode("utf-8", "replace")
+    return out
+
+
+def parse_headers_faster(nc: Client) -> None:
+    """Make `nc` parse message headers with `header_lines` (a connection that receives
+    many messages: a scan of the WAL tail). Nothing changes if nats-py no longer has the
+    hook."""
+    if callable(getattr(nc, "_parse_header_lines", None)):
+        nc._parse_header_lines = header_lines  # type: ignore[method-assign]
 
 
 def stored_msg(raw: Any) -> StoredMsg:

@@ -214,8 +214,11 @@ def split_range(first: int, last: int, partitions: int, min_size: int) -> list[t
 
 
 async def open_wal(config: EngineConfig) -> NatsWal:
-    """A read-only WAL handle: connects without creating or checking any server object."""
-    return await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect="never")
+    """A read-only WAL handle: connects without creating or checking any server object;
+    its connection parses message headers faster (`nats.scan.header_lines`)."""
+    wal = await NatsWal.connect(config, name="bufstore-spark", setup="none", reconnect="never")
+    wal.receive_in_bulk()
+    return wal
 
 
 def tail_bounds(config: EngineConfig) -> tuple[int, int]:
@@ -435,6 +438,20 @@ def read_slice(read: TailRead, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
             loop.run_until_complete(wal.close())
     finally:
         loop.close()
+
+
+def receive(read: TailRead, lo: int, hi: int) -> list[StoredMsg]:
+    """The stored messages of ``[lo, hi]``, received in this process, not decoded."""
+
+    async def fetch() -> list[StoredMsg]:
+        wal = await open_wal(read.engine())
+        try:
+            return await wal.read_range(lo, hi)
+        finally:
+            await wal.close()
+
+    with gc_paused():
+        return run_sync(fetch)
 
 
 def read_table(read: TailRead, lo: int, hi: int) -> pa.Table:

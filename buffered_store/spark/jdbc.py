@@ -28,6 +28,8 @@ import base64
 import contextlib
 import dataclasses
 import re
+import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +57,13 @@ RUN_COLUMNS = (
     "error string, output string, metadata string, thread_seq bigint"
 )
 """Columns of a runs DataFrame; `output` (null for none) and `metadata` are JSON text."""
+
+
+def _checked_id(snapshot_id: str) -> str:
+    """`snapshot_id`, refused unless it looks like one (it goes into SQL text)."""
+    if not _SNAPSHOT_ID.match(snapshot_id):
+        raise ConfigError(f"not a snapshot id: {snapshot_id!r}")
+    return snapshot_id
 
 
 def column_names(ddl: str) -> list[str]:
@@ -104,11 +113,9 @@ class JdbcSource:
 
     def with_snapshot(self, snapshot_id: str) -> JdbcSource:
         """The same source, every partition reading the exported snapshot `snapshot_id`."""
-        if not _SNAPSHOT_ID.match(snapshot_id):
-            raise ConfigError(f"not a snapshot id: {snapshot_id!r}")
         init = (
             "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
-            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+            f"SET TRANSACTION SNAPSHOT '{_checked_id(snapshot_id)}'"
         )
         return dataclasses.replace(self, session_init=init)
 
@@ -232,6 +239,20 @@ def overlay_messages_sql(
     )
 
 
+def union_messages_sql(source: JdbcSource, cuts: Mapping[str, int]) -> str:
+    """Messages minus the rows the WAL tail rewrites: per thread of `cuts`, every row at
+    its position and beyond (see `union.UnionPlan`). With no cuts, the plain read."""
+    if not cuts:
+        return messages_sql(source)
+    rows = [[thread_id, position] for thread_id, position in sorted(cuts.items())]
+    return (
+        "WITH cuts AS NOT MATERIALIZED (SELECT c->>0 AS thread_id, (c->>1)::int AS position "
+        f"FROM jsonb_array_elements({json_sql(rows)}) AS c) "
+        f"SELECT {_MESSAGE_SELECT} FROM {source.table('messages')} m WHERE NOT EXISTS "
+        "(SELECT 1 FROM cuts k WHERE k.thread_id = m.thread_id AND m.position >= k.position)"
+    )
+
+
 def overlay_runs_sql(source: JdbcSource, runs_by_thread: Mapping[str, Sequence[str]]) -> str:
     """Runs, with the watermark of their thread when it is pending, plus a placeholder
     row for each run a pending thread's entries hold that the table does not hold under
@@ -283,6 +304,88 @@ def read_messages(spark: SparkSession, source: JdbcSource) -> DataFrame:
 def read_runs(spark: SparkSession, source: JdbcSource) -> DataFrame:
     """Runs as flushed (columns `RUN_COLUMNS`)."""
     return read_sql(spark, source, runs_sql(source))
+
+
+RECENT_PINS = 4
+"""Pinned snapshots kept open by `pin_snapshot` itself, newest first, whether or not
+anything else references them."""
+_recent_pins: deque[PinnedSnapshot] = deque(maxlen=RECENT_PINS)
+
+
+class PinnedSnapshot:
+    """An exported Postgres snapshot, kept alive with what the driver read in it: each
+    pending thread's watermark and stored message count.
+
+    Every JDBC partition of a source made by ``source.with_snapshot(pinned.snapshot_id)``
+    reads this one database state; once closed, such partitions fail to start
+    (``invalid snapshot identifier``) instead of reading another state. It closes on
+    `close`, or once no object references it and it is not among the `RECENT_PINS` last
+    pinned: a DataFrame derived from a read (``read_tables(...).runs.groupBy(...)``)
+    keeps no Python reference to it, so the last few stay open for such chains.
+    """
+
+    def __init__(self, conn: Any, snapshot_id: str, marks: dict[str, tuple[int, int]]) -> None:
+        self.snapshot_id = snapshot_id
+        self.marks = marks
+        """Per pending thread in the snapshot: ``(watermark, stored message count)``."""
+        self._finalizer = weakref.finalize(self, _end_snapshot, conn)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the snapshot was released."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Release the snapshot (idempotent)."""
+        self._finalizer()
+
+
+def _end_snapshot(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.rollback()
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def marks_sql(source: JdbcSource, pending: Iterable[str]) -> str:
+    """Watermark and stored message count of each pending thread the table holds."""
+    return (
+        f"SELECT t.thread_id, t.flushed_seq, CASE WHEN {_LIVE} THEN t.message_count ELSE 0 END "
+        f"FROM {source.table('threads')} t WHERE t.thread_id IN ({id_set_sql(pending)})"
+    )
+
+
+def pin_snapshot(database_url: str, source: JdbcSource, pending: Iterable[str]) -> PinnedSnapshot:
+    """Export a snapshot, read the pending threads' watermarks in it, keep it open.
+
+    Needs a direct connection (not a transaction-mode pooler); the open snapshot holds
+    back vacuum until it is closed.
+    """
+    import psycopg
+
+    pending = list(pending)
+    conn = psycopg.connect(to_libpq_url(database_url))
+    try:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert row is not None
+        snapshot_id = str(row[0])
+        marks: dict[str, tuple[int, int]] = {}
+        if pending:
+            # In a subtransaction rolled back after: its lock on the threads table goes
+            # with it (a lock held while pinned would block DDL, e.g. migrations), the
+            # transaction's snapshot stays.
+            conn.execute("SAVEPOINT marks")
+            for thread_id, watermark, stored in conn.execute(marks_sql(source, pending)):
+                marks[str(thread_id)] = (int(watermark), int(stored))
+            conn.execute("ROLLBACK TO SAVEPOINT marks")
+    except BaseException:
+        _end_snapshot(conn)
+        raise
+    pinned = PinnedSnapshot(conn, snapshot_id, marks)
+    _recent_pins.append(pinned)
+    return pinned
 
 
 @contextlib.contextmanager

@@ -7,23 +7,31 @@
 
 How the merge stays correct and cheap (DESIGN.md invariants 15 and 16):
 
-1. The WAL tail is read **first** (``threadlog`` source, on the executors, as Arrow) and
-   condensed on the driver with column operations (`condense.condense_table`) into the
-   overlay: one row per pending thread, one per run id, handed to Spark as Arrow. Its
-   cost is O(pending entries). The JDBC reads run afterwards, at each action; rows the
-   overlay surely replaces come without their text (`CondensedTable.replaced`).
-2. Every JDBC statement returns, with each row of a pending thread, that thread's
-   watermark ``W`` (`threads.flushed_seq`) read *in the same statement*, plus
-   placeholder rows for what the entries may add (message positions beyond the stored
-   count, runs the table does not hold); see the ``overlay_*_sql`` builders. Each
-   partition is its own transaction, so ``W`` may differ between partitions, but
-   within a partition the rows of a thread are exactly its state at ``W``.
-3. Entries at or below ``W`` are ignored, the others win: newest seq wins per key. A
-   flush that commits between the WAL read and the JDBC read only raises ``W``; it can
-   never let an older entry shadow a newer row.
-4. The overlay is broadcast and joined to the scan; each scan row is kept, replaced by
-   the entry version or dropped, one row in and at most one out, with no shuffle. The
-   merge costs a map over the scan plus O(pending entries).
+1. The WAL tail is read **first**: its bounds from the flusher consumer, then its
+   messages, received by the driver (a long tail: decoded on the executors by the
+   ``threadlog`` source). Its cost is O(pending entries).
+2. Then **one Postgres snapshot is pinned** (`jdbc.pin_snapshot`): exported by a
+   transaction the read keeps open, and read once by the driver for each pending
+   thread's watermark ``W`` (`threads.flushed_seq`) and stored message count. Every JDBC
+   partition of every read of the `Tables` imports it, so ``W`` is the same everywhere
+   and known before any row is scanned. Taken after the tail was received, it can only
+   be newer: an entry flushed in between is in both (the tail was received before its
+   ack, and the WAL is trimmed below the ack floor only), and one flushed later is in
+   the tail only.
+3. **Messages: a union.** Entries at or below ``W`` are dropped; what is left is newer
+   than the snapshot and wins (`union.plan_union`). A thread whose remaining entries
+   only append keeps its scanned rows as they are; a thread they rewrite (a truncation,
+   a snapshot entry, a delete) is cut from the scan from the lowest position they write,
+   by a pushed-down condition. The tail's rows are added by ``UNION ALL``: no join, no
+   per-row watermark, and the scan fetches only the columns a query uses.
+4. **Threads and runs** (small tables) merge as before: each statement returns, with the
+   rows of a pending thread, ``W`` read in the same statement and placeholders for what
+   the entries add, and the overlay (one row per pending thread, one per run id, condensed
+   by `condense.condense_table`) is broadcast and joined; entries at or below ``W`` are
+   ignored, the others win. This merge needs no pinned snapshot: with
+   ``StoreSource(pin_snapshot=False)`` (or no `database_url`) messages merge the same way,
+   every partition in its own transaction, and a flush between the tail read and the
+   JDBC read only raises ``W``.
 
 A delete entry above ``W`` hides the thread, its messages and its runs; so does a
 tombstone row. A thread whose entries above ``W`` do not start at ``W + 1`` (an entry
@@ -35,12 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -51,7 +60,7 @@ from buffered_store.spark.datasource import (
     ENTRY_ARROW,
     SOURCE_NAME,
     TailRead,
-    read_table,
+    receive,
     run_sync,
     tail_bounds,
     tail_options,
@@ -59,17 +68,22 @@ from buffered_store.spark.datasource import (
 from buffered_store.spark.jdbc import (
     RUN_COLUMNS,
     JdbcSource,
+    PinnedSnapshot,
     column_names,
     overlay_messages_sql,
     overlay_runs_sql,
     overlay_threads_sql,
+    pin_snapshot,
     read_messages,
     read_runs,
     read_sql,
     read_threads,
     shared_snapshot,
+    union_messages_sql,
 )
 from buffered_store.spark.session import register_datasource
+from buffered_store.spark.tail import ReceivedTail
+from buffered_store.spark.union import Mark, plan_union
 
 RUNS = column_names(RUN_COLUMNS)
 DRIVER_TAIL_MAX_ENTRIES = 20_000
@@ -77,7 +91,8 @@ DRIVER_TAIL_MAX_ENTRIES = 20_000
 
 The job's fixed cost (planning, Python workers, one NATS connection per slice, the Arrow
 trip back to the driver) outweighs its parallelism below this: on the 2-core benchmark
-machine the driver reads 10,000 entries in about 0.5 s, the job in 0.6 to 0.8 s
+machine, before the driver decoded lazily, it read 10,000 entries in about 0.5 s, the job
+in 0.6 to 0.8 s
 (`local[2]`), and even a 96 MB tail of snapshot entries no faster (2.3 to 3.0 s against
 1.9 to 2.4 s). With the flusher running, a tail is a flush interval's worth of entries."""
 _SUMMARY = ["parent_thread_id", "metadata", "created_at", "updated_at", "latest_run_id"]
@@ -101,6 +116,10 @@ class StoreSource:
     """Broadcast the overlay to the JDBC scans (turn off for a tail too large for it)."""
     flush_timeout_s: float = 300.0
     """Budget of the ``force_flush_all`` of ``STRONG`` reads."""
+    pin_snapshot: bool = True
+    """``READ_YOUR_WRITES`` with `database_url`: every JDBC partition reads one Postgres
+    snapshot pinned after the WAL tail was read, and messages merge the tail by a union
+    (`union`); off, or without `database_url`: per-partition transactions and a join."""
 
     @classmethod
     def from_urls(
@@ -150,7 +169,10 @@ class StoreSource:
 class Tables:
     """The three tables as one consistency mode shows them (columns: see `jdbc`).
 
-    Each DataFrame is built on first access; its JDBC reads run at each action.
+    Each DataFrame is built on first access; its JDBC reads run at each action. With a
+    `pin` (``READ_YOUR_WRITES`` by default) they all read one Postgres snapshot, held
+    open until `close` (or the end of a ``with`` block, or until neither this object nor
+    a DataFrame it returned is referenced any more).
     """
 
     spark: SparkSession
@@ -158,27 +180,49 @@ class Tables:
     mode: ReadConsistency
     tail: WalTail | None = None
     """The WAL tail merged in (``READ_YOUR_WRITES`` only)."""
+    pin: PinnedSnapshot | None = None
+    """The snapshot every JDBC read uses, pinned after the tail was read."""
 
     @cached_property
     def threads(self) -> DataFrame:
         """Live threads (`THREAD_COLUMNS`)."""
         if self.tail is not None:
-            return self.tail.threads(self.jdbc)
-        return read_threads(self.spark, self.jdbc)
+            return self._held(self.tail.threads(self.jdbc))
+        return self._held(read_threads(self.spark, self.jdbc))
 
     @cached_property
     def messages(self) -> DataFrame:
         """Messages of live threads (`MESSAGE_COLUMNS`)."""
+        if self.tail is not None and self.pin is not None:
+            return self._held(self.tail.union_messages(self.jdbc, self.pin.marks))
         if self.tail is not None:
-            return self.tail.messages(self.jdbc)
-        return read_messages(self.spark, self.jdbc)
+            return self._held(self.tail.messages(self.jdbc))
+        return self._held(read_messages(self.spark, self.jdbc))
 
     @cached_property
     def runs(self) -> DataFrame:
         """Runs of live threads (`RUN_COLUMNS`)."""
         if self.tail is not None:
-            return self.tail.runs(self.jdbc)
-        return read_runs(self.spark, self.jdbc)
+            return self._held(self.tail.runs(self.jdbc))
+        return self._held(read_runs(self.spark, self.jdbc))
+
+    def close(self) -> None:
+        """Release the pinned snapshot, if any; actions on these DataFrames then fail."""
+        if self.pin is not None:
+            self.pin.close()
+
+    def __enter__(self) -> Tables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _held(self, frame: DataFrame) -> DataFrame:
+        # The DataFrame keeps the snapshot alive as long as the caller holds it, even
+        # once this object is gone (``read_tables(...).messages``).
+        if self.pin is not None:
+            setattr(frame, "_bufstore_pin", self.pin)  # noqa: B010
+        return frame
 
 
 @dataclass(frozen=True)
@@ -192,9 +236,24 @@ class WalTail:
     spark: SparkSession
     bounds: tuple[int, int]
     """The stream seqs read, ``[first, last]`` (empty when last < first)."""
-    entry_count: int
-    condensed: CondensedTable
+    received: ReceivedTail
+    """The tail's stored messages (or entries decoded on the executors)."""
     broadcast: bool = True
+
+    @property
+    def entries(self) -> pa.Table:
+        """The tail's entries (`datasource.ENTRY_ARROW`), in stream order."""
+        return self.received.entries
+
+    @property
+    def entry_count(self) -> int:
+        """Entries read (decodable thread entries)."""
+        return int(self.received.message_entries.num_rows)
+
+    @cached_property
+    def condensed(self) -> CondensedTable:
+        """The overlay of the join path (`condense.condense_table`), made on first use."""
+        return condense_table(self.entries)
 
     @cached_property
     def overlay(self) -> DataFrame:
@@ -207,10 +266,32 @@ class WalTail:
         first use: only the runs read needs it."""
         return _frame(self.spark, self.condensed.runs)
 
-    @property
+    @cached_property
     def pending(self) -> tuple[str, ...]:
-        """Threads with entries in the tail."""
-        return tuple(self.condensed.thread_ids)
+        """Threads with entries in the tail, sorted."""
+        ids = pc.unique(self.received.message_entries.column("thread_id")).to_pylist()
+        return tuple(sorted(ids))
+
+    def union_messages(self, jdbc: JdbcSource, marks: Mapping[str, tuple[int, int]]) -> DataFrame:
+        """Message rows of live threads at their newest seq: the scan of the snapshot
+        `marks` were read in, minus the rows the tail rewrites, plus the tail's rows
+        above each watermark (`union.plan_union`). `jdbc` must read that snapshot."""
+        marked = {t: Mark(w, n) for t, (w, n) in marks.items()}
+        plan = plan_union(self.received.message_entries, marked)
+        scan = read_sql(self.spark, jdbc, union_messages_sql(jdbc, plan.cuts))
+        if not plan.cells.num_rows:
+            return scan
+        cells = _frame(self.spark, plan.cells).select(
+            "thread_id", "ov_base", F.posexplode("ov_messages").alias("index", "cell")
+        )
+        rows = cells.select(
+            "thread_id",
+            (F.col("ov_base") + F.col("index")).alias("position"),
+            "cell.role",
+            "cell.message",
+            "cell.thread_seq",
+        )
+        return scan.unionByName(rows)
 
     def threads(self, jdbc: JdbcSource) -> DataFrame:
         """Live threads: JDBC rows, replaced by the newest entry's summary when newer."""
@@ -338,32 +419,37 @@ def read_wal_tail(
     """
     bounds = tail_bounds(wal)
     first, last = bounds
-    entries = ENTRY_ARROW.empty_table()
+    received = ReceivedTail(wal, decoded=ENTRY_ARROW.empty_table())
     if 0 <= last - first < driver_max_entries:
-        entries = read_table(TailRead.from_options(tail_options(wal, bounds, 1)), first, last)
+        # Received now, decoded when a read needs it (the messages read lightly).
+        read = TailRead.from_options(tail_options(wal, bounds, 1))
+        received = ReceivedTail(wal, receive(read, first, last))
     elif last >= first:
         register_datasource(spark)
         if partitions is None:
             partitions = max(1, spark.sparkContext.defaultParallelism)
         frame = spark.read.format(SOURCE_NAME).options(**tail_options(wal, bounds, partitions))
-        entries = frame.load().toArrow()
-    return WalTail(spark, bounds, entries.num_rows, condense_table(entries), broadcast)
+        received = ReceivedTail(wal, decoded=frame.load().toArrow())
+    return WalTail(spark, bounds, received, broadcast)
 
 
 LOCAL_OVERLAY_MAX_BYTES = 8 << 20
-"""A larger overlay table is stored once in Spark's block manager (`localCheckpoint`)."""
+"""A larger overlay table is stored once in Spark's block manager (`localCheckpoint`), by
+the first action that reads it."""
 
 
 def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     """`table` as a DataFrame. A small one stays a local relation; a large one would
     otherwise travel inside the tasks of every action that reads it (Spark warns of
     tasks of 100 MB, and a 1 GiB driver runs out of heap after a few actions), so it is
-    cut into batches and materialised once, in parallel, on the executors."""
+    cut into batches and materialised once, in parallel, on the executors, by the first
+    action (not by a job of its own first: a restarted-writer tail's union read took
+    3.5 to 4.4 s that way against 3.9 to 4.6 s, four alternating pairs on a busy machine)."""
     if table.nbytes <= LOCAL_OVERLAY_MAX_BYTES:
         return spark.createDataFrame(table)
     rows = max(1, table.num_rows * (1 << 20) // max(1, table.nbytes))  # ~1 MiB batches
     batches = table.to_batches(max_chunksize=rows)
-    return spark.createDataFrame(pa.Table.from_batches(batches)).localCheckpoint(eager=True)
+    return spark.createDataFrame(pa.Table.from_batches(batches)).localCheckpoint(eager=False)
 
 
 def flush_all(source: StoreSource) -> int:
@@ -416,7 +502,21 @@ def read_tables(
     mode = ReadConsistency(mode)
     if mode is ReadConsistency.STRONG:
         flush_all(source)
-    return Tables(spark, source.jdbc, mode, _tail(spark, source, mode))
+    tail = _tail(spark, source, mode)
+    url = source.database_url
+    if tail is None or tail.bounds[1] < tail.bounds[0] or not source.pin_snapshot or not url:
+        return Tables(spark, source.jdbc, mode, tail)
+    return _pinned(spark, source, mode, tail, url)
+
+
+def _pinned(
+    spark: SparkSession, source: StoreSource, mode: ReadConsistency, tail: WalTail | None, url: str
+) -> Tables:
+    """Tables reading one snapshot pinned now: after the tail was read, so an entry
+    flushed after it is still in the tail (it was not acked, hence not trimmed, when the
+    tail was read), and is dropped only when the snapshot holds it already."""
+    pin = pin_snapshot(url, source.jdbc, tail.pending if tail is not None else ())
+    return Tables(spark, source.jdbc.with_snapshot(pin.snapshot_id), mode, tail, pin)
 
 
 @contextlib.contextmanager
@@ -437,5 +537,9 @@ def consistent_tables(
     if mode is ReadConsistency.STRONG:
         flush_all(source)
     tail = _tail(spark, source, mode)
+    if tail is not None and source.pin_snapshot:
+        with _pinned(spark, source, mode, tail, url) as tables:
+            yield tables
+        return
     with shared_snapshot(url) as snapshot:
         yield Tables(spark, source.jdbc.with_snapshot(snapshot), mode, tail)

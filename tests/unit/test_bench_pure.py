@@ -234,32 +234,24 @@ def test_laps_time_each_step_from_the_end_of_the_one_before() -> None:
         laps.mark("decode")
 
 
-def split_run(plain: float, joined: float, receive: float = 0.2) -> dict[str, Any]:
+def split_run(plain: float, union: float, receive: float = 0.2) -> dict[str, Any]:
     run = {step: 0.01 for step in SPLIT_STEPS}
     run.update(entries=10, bounds_s=0.005, receive_s=receive, parse_json_s=0.045)
-    run.update(plain_scan_s=plain, joined_scan_s=joined)
+    run.update(plain_scan_s=plain, union_scan_s=union)
     return run
 
 
-def test_the_spark_floor_adds_bounds_receive_parse_and_the_median_pairwise_join() -> None:
-    # Join costs per pair: 0.5, 0.1, 0.05 -> median 0.1; the scans' medians apart
+def test_the_spark_floor_adds_bounds_receive_parse_and_the_union_is_the_median_pair() -> None:
+    # Union costs per pair: 0.5, 0.1, 0.05 -> median 0.1; the scans' medians apart
     # (1.45 - 1.2) would say 0.25: the pairs are what is compared.
     runs = [split_run(1.0, 1.5), split_run(1.2, 1.3), split_run(1.4, 1.45)]
     split = cost_split(runs, plain=1.0)
     assert split["repeats"] == 3
     assert split["entries"] == 10
-    assert split["join_cost_s"] == pytest.approx(0.1)
-    assert split["floor_over_plain_s"] == pytest.approx(0.005 + 0.2 + 0.045 + 0.1)
-    assert split["floor_ratio"] == pytest.approx(1.35)
+    assert split["union_cost_s"] == pytest.approx(0.1)
+    assert split["floor_over_plain_s"] == pytest.approx(0.005 + 0.2 + 0.045)
     assert split["tail_floor_ratio"] == pytest.approx(1.25)
     assert split["median_s"]["plain_scan_s"] == pytest.approx(1.2)
-
-
-def test_a_join_measured_faster_than_the_plain_scan_adds_nothing_to_the_floor() -> None:
-    split = cost_split([split_run(1.2, 1.1)], plain=1.0)
-    assert split["join_cost_s"] == pytest.approx(-0.1)
-    assert split["floor_ratio"] == pytest.approx(1.25)
-    assert split["tail_floor_ratio"] == pytest.approx(1.25)
     assert cost_split([], plain=1.0) == {}
 
 
