@@ -47,8 +47,15 @@ class WalEntry:
     """Nonce of the writing call, to tell our own deduplicated publish from another's."""
     jump: bool = False
     """The entry starts a chain: it follows any lower seq, not only `seq - 1`."""
+    digest: bytes = b""
+    """Digest of the thread's whole snapshot after this entry
+    (`buffered_store.model.messages.extend_chain`); empty when its writer did not know
+    the digest of what the entry keeps."""
     stream_seq: int = 0
     """Where the entry sits in the stream, when read back from it (not encoded)."""
+    chain: bytes = field(default=b"", compare=False, repr=False)
+    """The snapshot's digests after each of `messages` (not encoded; empty, or aligned
+    with them): the writer's snapshot of the thread takes them over."""
     sources: Sequence[Any] = field(default=(), compare=False, repr=False)
     """The message objects `messages` were encoded from, when this process built the
     entry (not encoded; aligned with `messages`, or empty): the writer's snapshot of the

@@ -19,11 +19,15 @@ from buffered_store.model.changes import (
     WalEntry,
 )
 from buffered_store.model.messages import (
+    DIGEST_SIZE,
+    EMPTY_DIGEST,
     EncodedSnapshot,
+    MessageSnapshot,
     SnapshotDelta,
     check_json_object,
     check_json_value,
     encode_snapshot,
+    extend_chain,
 )
 from buffered_store.model.records import RunRecord, Thread
 
@@ -98,16 +102,22 @@ def build_checkpoint_entry(
     now: datetime,
     writer: str = "",
     jump: bool = False,
+    previous_digest: bytes = b"",
+    digest: bool = False,
 ) -> WalEntry:
     """The entry for a checkpoint at `seq` on top of the thread's previous state.
 
     `previous` is the live thread summary before this checkpoint (None for a new or
     deleted thread); `previous_messages` its snapshot, or None when unknown (the entry
-    then carries the full snapshot). A `jump` entry starts a chain on an unknown base:
-    it always carries the full snapshot.
+    then carries the full snapshot); `previous_digest` the digest of that snapshot, if
+    known. A `jump` entry starts a chain on an unknown base: it always carries the full
+    snapshot.
 
     An append keeps the `previous.message_count` messages of the thread without looking
-    at them, so its cost does not depend on the history.
+    at them, so its cost does not depend on the history. With `digest` (the buffered
+    writer: stores that apply the entry at once need none), the entry's digest extends
+    the digest of what it keeps (`previous_digest`, or the snapshot's chain) over its new
+    messages; it is left unknown when neither tells it.
     """
     check_aware(now, "now")
     origin = call.snapshot.origin
@@ -128,6 +138,8 @@ def build_checkpoint_entry(
         created_at = now
         parent = call.run.parent_thread_id
         metadata = call.metadata if call.metadata is not None else {}
+    kept = _digest_at(delta.keep, previous, previous_messages, previous_digest) if digest else b""
+    chain = extend_chain(kept, delta.appended) if kept else b""
     return WalEntry(
         thread_id=call.thread_id,
         seq=seq,
@@ -143,7 +155,25 @@ def build_checkpoint_entry(
         writer=writer,
         jump=jump,
         sources=origin,
+        digest=bytes(chain[-DIGEST_SIZE:]) if chain else kept,
+        chain=bytes(chain),
     )
+
+
+def _digest_at(
+    keep: int,
+    previous: Thread | None,
+    previous_messages: Sequence[bytes] | None,
+    previous_digest: bytes,
+) -> bytes:
+    """The digest of the first `keep` messages of the previous snapshot (b"": unknown)."""
+    if keep == 0:
+        return EMPTY_DIGEST
+    if previous_digest and previous is not None and keep == previous.message_count:
+        return previous_digest
+    if isinstance(previous_messages, MessageSnapshot) and keep <= len(previous_messages):
+        return previous_messages.digest_at(keep)
+    return b""
 
 
 def _append_delta(

@@ -7,6 +7,7 @@ and which ones it writes. Pure: no I/O.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,23 +97,69 @@ def encode_message(message: Any, index: int) -> bytes:
     return encoded
 
 
+DIGEST_SIZE = 16
+"""Bytes of a snapshot digest (BLAKE2b-128)."""
+EMPTY_DIGEST = bytes(DIGEST_SIZE)
+"""The digest of the empty snapshot."""
+
+
+def extend_chain(start: bytes, encoded: Iterable[bytes]) -> bytearray:
+    """The digests of a snapshot after each of `encoded` (canonical message bytes),
+    continuing from `start`, the digest of the messages before them: concatenated,
+    `DIGEST_SIZE` bytes each.
+
+    A snapshot's digest is a chain over its messages, ``d(0) = EMPTY_DIGEST`` and
+    ``d(i + 1) = BLAKE2b-128(message i, key=d(i))``: it extends in O(new messages),
+    whatever the entries were that built the snapshot, so a writer that never saw a
+    thread can prove that its snapshot starts with the stored one (`prove_prefix`).
+    """
+    chain = bytearray()
+    digest = start
+    for message in encoded:
+        digest = hashlib.blake2b(message, key=digest, digest_size=DIGEST_SIZE).digest()
+        chain += digest
+    return chain
+
+
 class MessageSnapshot(list[bytes]):
     """The canonical bytes of a snapshot's messages, remembering the message objects the
-    first of them were encoded from.
+    first of them were encoded from, and the digests of its first ones.
 
     `sources` is an aligned prefix: ``sources[i]`` is the object ``self[i]`` was encoded
     from, for every ``i < len(sources) <= len(self)``. A writer keeps the snapshot of a
     thread's last checkpoint; the next `checkpoint()` usually passes the same list grown
     by a few messages, whose leading items are then those very objects: `encode_messages`
     recognises them with one pointer comparison each instead of an encoding.
+
+    `chain` holds the digests (`extend_chain`) of the first ``len(chain) // DIGEST_SIZE``
+    messages, computed when first asked for (`digest_at`) and carried along as the
+    snapshot grows.
     """
 
-    __slots__ = ("sources",)
+    __slots__ = ("chain", "sources")
 
-    def __init__(self, encoded: Iterable[bytes] = (), sources: Iterable[Any] = ()) -> None:
+    def __init__(
+        self,
+        encoded: Iterable[bytes] = (),
+        sources: Iterable[Any] = (),
+        chain: bytes | bytearray = b"",
+    ) -> None:
         super().__init__(encoded)
         self.sources: list[Any] = list(sources)
         del self.sources[len(self) :]
+        self.chain = bytearray(chain[: DIGEST_SIZE * len(self)])
+
+    def digest_at(self, count: int) -> bytes:
+        """The digest of the first `count` messages (at most ``len(self)``)."""
+        if count > len(self):
+            raise ValueError(f"digest of {count} messages asked of a snapshot of {len(self)}")
+        if count == 0:
+            return EMPTY_DIGEST
+        known = len(self.chain) // DIGEST_SIZE
+        if known < count:
+            start = self.chain[-DIGEST_SIZE:] if known else EMPTY_DIGEST
+            self.chain += extend_chain(bytes(start), self[known:count])
+        return bytes(self.chain[DIGEST_SIZE * (count - 1) : DIGEST_SIZE * count])
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +198,21 @@ class EncodedSnapshot:
         full = self.full()
         delta = diff_snapshot(previous, full)
         return delta, tuple(full.sources[delta.keep :])
+
+
+def prove_prefix(snapshot: EncodedSnapshot, count: int, digest: bytes) -> MessageSnapshot | None:
+    """The first `count` messages of `snapshot` as a `MessageSnapshot`, when their digest
+    is `digest` (the stored snapshot's, from the thread's hot record): proof, short of a
+    BLAKE2b collision, that the snapshot starts with the stored one, which a writer that
+    has not seen the thread can then extend with a delta instead of the whole history.
+    None when it does not (or `digest` is unknown). O(count) hashing, once per thread."""
+    if not digest or count > len(snapshot):
+        return None
+    full = snapshot.full()
+    chain = extend_chain(EMPTY_DIGEST, full[:count])
+    if (chain[-DIGEST_SIZE:] if count else EMPTY_DIGEST) != digest:
+        return None
+    return MessageSnapshot(full[:count], full.sources[:count], chain)
 
 
 RECHECKED_TAIL = 2

@@ -26,6 +26,7 @@ from buffered_store.errors import CorruptEntryError
 from buffered_store.model.changes import EntryKind as EntryKind
 from buffered_store.model.changes import WalEntry as WalEntry
 from buffered_store.model.messages import (
+    DIGEST_SIZE,
     MessageSnapshot,
     apply_delta,
     canonical_objects,
@@ -71,8 +72,23 @@ def encode_entry(entry: WalEntry) -> bytes:
             p=entry.parent_thread_id,
             md=dict(entry.metadata),
         )
+        if entry.digest:
+            head["dg"] = entry.digest.hex()
     prefix = orjson.dumps(head)
     return prefix[:-1] + b',"m":[' + b",".join(entry.messages) + b"]}"
+
+
+def decode_digest(value: Any) -> bytes:
+    """A snapshot digest from its hex form in an entry or hot record (None: unknown)."""
+    if value is None:
+        return b""
+    try:
+        digest = bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        digest = b""
+    if len(digest) != DIGEST_SIZE:
+        raise CorruptEntryError(f"malformed snapshot digest {value!r}")
+    return digest
 
 
 def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
@@ -129,6 +145,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
             metadata=data.get("md") or {},
             writer=header.writer,
             jump=jump,
+            digest=decode_digest(data.get("dg")),
             stream_seq=stream_seq,
         )
         return entry, tuple(m["role"] for m in raw_messages)
@@ -169,6 +186,8 @@ class HotRecord:
     chain_from: int = 0
     """First seq of the chain `seq` belongs to: no entry sits between a lower stored seq
     and it (a jump, see `WalEntry.jump`). 0: unknown (records older than the field)."""
+    digest: bytes = b""
+    """Digest of the thread's snapshot at `seq` (`WalEntry.digest`; empty: unknown)."""
 
     def stream_seq_of(self, seq: int) -> int | None:
         """Stream sequence of the entry with this thread seq, if still in `recent`."""
@@ -215,23 +234,25 @@ def advance_hot(
         runs_from=runs_from,
         deleted_seq=head.deleted_seq,
         chain_from=head.chain_from,
+        digest=entry.digest,
     )
 
 
 def encode_hot(record: HotRecord) -> bytes:
     """KV bytes of a hot record."""
-    return orjson.dumps(
-        {
-            "s": record.seq,
-            "ss": record.stream_seq,
-            "th": record.thread.to_json() if record.thread else None,
-            "r": record.recent,
-            "ru": [[run_json(run)[1], seq] for run, seq in record.runs],
-            "rf": record.runs_from,
-            "ds": record.deleted_seq,
-            "cf": record.chain_from,
-        }
-    )
+    fields: dict[str, Any] = {
+        "s": record.seq,
+        "ss": record.stream_seq,
+        "th": record.thread.to_json() if record.thread else None,
+        "r": record.recent,
+        "ru": [[run_json(run)[1], seq] for run, seq in record.runs],
+        "rf": record.runs_from,
+        "ds": record.deleted_seq,
+        "cf": record.chain_from,
+    }
+    if record.digest:
+        fields["dg"] = record.digest.hex()
+    return orjson.dumps(fields)
 
 
 def encode_hot_within(record: HotRecord, limit: int) -> bytes:
@@ -258,6 +279,7 @@ def decode_hot(data: bytes) -> HotRecord:
             runs_from=int(raw.get("rf", 0)),
             deleted_seq=int(raw.get("ds", 0)),
             chain_from=int(raw.get("cf", 0)),
+            digest=decode_digest(raw.get("dg")),
         )
     except Exception as exc:
         raise CorruptEntryError(f"malformed hot record: {exc!r}") from exc
@@ -268,9 +290,9 @@ def messages_of(data: Sequence[bytes]) -> list[Message]:
     return [decode_message(item) for item in data]
 
 
-MESSAGE_OVERHEAD_BYTES = 41
-"""Memory of one message in a snapshot beyond its bytes: a bytes object's header (33)
-and its list slot (8), on CPython 64-bit."""
+MESSAGE_OVERHEAD_BYTES = 57
+"""Memory of one message in a snapshot beyond its bytes: a bytes object's header (33),
+its list slot (8) and its digest in the snapshot's chain (16), on CPython 64-bit."""
 
 
 class ThreadRunFormat:
@@ -328,20 +350,27 @@ class ThreadRunFormat:
         if entry.kind is EntryKind.DELETE:
             return MessageSnapshot()
         sources = entry.sources if len(entry.sources) == len(entry.messages) else ()
+        chain = entry.chain if len(entry.chain) == DIGEST_SIZE * len(entry.messages) else b""
         if entry.keep == 0:
-            return MessageSnapshot(entry.messages, sources)
+            return MessageSnapshot(entry.messages, sources, chain)
         if state is None or entry.keep > len(state):
             return None
         lead: list[Any] = getattr(state, "sources", [])
         aligned = len(lead) >= entry.keep
+        # The digests of what the entry keeps continue with the entry's own, when known.
+        known: bytearray = getattr(state, "chain", bytearray())
+        chained = len(known) >= DIGEST_SIZE * entry.keep
         if owned and entry.keep == len(state):
             state.extend(entry.messages)
             if aligned and sources:
                 lead.extend(sources)  # a plain list has no sources: `lead` is a spare
+            if chained and chain:
+                known += chain  # likewise `chain`
             return state
         return MessageSnapshot(
             apply_delta(state, entry.keep, entry.messages),
             [*lead[: entry.keep], *sources] if aligned else lead[: entry.keep],
+            known[: DIGEST_SIZE * entry.keep] + chain if chained else b"",
         )
 
     def state_bytes(self, state: list[bytes]) -> int:

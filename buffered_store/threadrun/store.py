@@ -47,7 +47,7 @@ from buffered_store.model.checkpointing import (
     build_delete_entry,
     validate_checkpoint,
 )
-from buffered_store.model.messages import MessageSnapshot
+from buffered_store.model.messages import MessageSnapshot, prove_prefix
 from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.model.records import (
     CheckpointReceipt,
@@ -267,14 +267,25 @@ class BufferedThreadRunStore:
                     "(the inner store is unavailable) and the WAL has none; nothing was "
                     "written. Retry, or checkpoint() the full snapshot"
                 )
+            hot = cursor.hot
+            cold = cursor.state is None and not (append or cursor.jump)
+            if cold and hot is not None and hot.thread is not None and hot.digest:
+                # A cursor that does not know the thread's snapshot (another instance
+                # wrote it, or this one restarted): prove the stored snapshot a prefix
+                # of this one by its digest, and send a delta rather than the history.
+                proven = prove_prefix(call.snapshot, hot.thread.message_count, hot.digest)
+                if proven is not None:
+                    cursor.state, cursor.state_bytes = proven, None
             entry = build_checkpoint_entry(
                 call,
-                previous=cursor.hot.thread if cursor.hot else None,
+                previous=hot.thread if hot else None,
                 previous_messages=cursor.state,
                 seq=cursor.seq + 1,
                 now=self._clock(),
                 writer=nonce,
                 jump=cursor.jump,
+                previous_digest=hot.digest if hot else b"",
+                digest=True,
             )
             return entry, encode_entry(entry)
 
@@ -384,7 +395,7 @@ class BufferedThreadRunStore:
         if view.seq != cursor.seq:
             self._writer.cursors.drop(thread_id)
             return True
-        cursor.state = MessageSnapshot(view.messages)
+        cursor.state, cursor.state_bytes = MessageSnapshot(view.messages), None
         return True
 
     # -- reads (see `threadrun.overlay`) ------------------------------------------------

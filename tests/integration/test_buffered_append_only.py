@@ -155,3 +155,40 @@ async def test_appends_from_two_instances_send_only_new_messages(
     assert await cold.load_messages(thread) == history
     assert await store.force_flush(thread) == 201
     assert await inner.load_messages(thread) == history
+
+
+async def test_restarted_writers_prove_the_stored_snapshot_and_send_deltas(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """A writer that never saw a thread (a restarted process, another instance) and is
+    handed the full snapshot proves, by the hot record's digest, that it extends the
+    stored one and sends only the new messages; a snapshot that edits the stored history
+    is sent whole, and the writers after it prove their snapshots against that one."""
+    inner, other_inner = inner_pair
+    store = await open_store(inner, drain_on_close=False)
+    thread = tid()
+    run = make_run(thread)
+    history = make_messages(300, size=MESSAGE_SIZE)
+    for count in range(10, 291, 20):
+        await store.checkpoint(thread, history[:count], run)
+
+    restarted = await open_store(other_inner, drain_on_close=False)
+    await restarted.checkpoint(thread, history[:292], run.replace(steps=1))
+    assert 0 < restarted.stats()["wal_bytes"] <= MAX_DELTA_BYTES
+    assert await store.load_messages(thread) == history[:292]
+
+    edited = history[:294]
+    edited[5] = {"role": "user", "content": "edited"}
+    another = await open_store(other_inner, drain_on_close=False)
+    await another.checkpoint(thread, edited, run.replace(steps=2))
+    assert another.stats()["wal_bytes"] > 290 * MESSAGE_SIZE  # not proven: the whole snapshot
+    assert await restarted.load_messages(thread) == edited
+
+    # The first writer's cursor is stale: its write conflicts, reloads the hot record
+    # and proves its snapshot against the edited one.
+    before = store.stats()["wal_bytes"]
+    final = await store.checkpoint(thread, [*edited, history[294]], run.replace(steps=3))
+    assert final.thread_seq == 18
+    assert 0 < store.stats()["wal_bytes"] - before <= MAX_DELTA_BYTES
+    assert await store.force_flush(thread) == 18
+    assert await inner.load_messages(thread) == [*edited, history[294]]
