@@ -166,6 +166,11 @@ FLUSHER = Family(
             "Periods during which the database was unreachable.",
         ),
         _c(
+            "apply_timeouts",
+            "flusher_apply_timeouts",
+            "Apply transactions abandoned after apply_timeout_s.",
+        ),
+        _c(
             "quarantined_messages",
             "flusher_quarantined_messages",
             "WAL messages moved to quarantine.",

@@ -48,6 +48,11 @@ class FlusherSettings(Role):
     """Longest wait between fetch attempts while JetStream misbehaves."""
     drain_timeout_s: float = 30.0
     """How long `stop(drain=True)` lets the current cycle finish before giving up."""
+    apply_timeout_s: float = 120.0
+    """Longest a cycle's apply transaction may run. Past it the transaction is abandoned
+    (its connection closed, so Postgres rolls it back and releases its row locks) and the
+    cycle is retried as for an unreachable database: a stalled client or server never
+    holds the threads' locks, and the flush, for ever."""
     hot_idle_s: float = 7 * 24 * 3600.0
     """A thread's hot record is removed once the thread has been idle this long, is
     flushed up to it and has no entry left in the stream (deleted threads too): the hot
@@ -69,6 +74,7 @@ class FlusherSettings(Role):
             "nats_retry_initial_s",
             "nats_retry_max_s",
             "drain_timeout_s",
+            "apply_timeout_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -112,6 +118,7 @@ class FlusherFields:
     nats_retry_initial_s: float
     nats_retry_max_s: float
     drain_timeout_s: float
+    apply_timeout_s: float
     hot_idle_s: float
     trim_interval_s: float
 

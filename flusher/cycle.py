@@ -155,7 +155,7 @@ class CycleRunner:
         while True:
             self.stats.transactions += 1
             try:
-                outcomes = await self.target.apply(batches)
+                outcomes = await self._bounded_apply(batches)
                 break
             except DatabaseUnavailableError as exc:
                 self._db_retrying(exc)
@@ -167,6 +167,26 @@ class CycleRunner:
         if len(outcomes) != len(batches):
             raise StoreError(f"apply returned {len(outcomes)} outcomes for {len(batches)} batches")
         return outcomes
+
+    async def _bounded_apply(self, batches: Sequence[Sequence[Entry]]) -> list[ApplyOutcome]:
+        """`target.apply`, abandoned after `apply_timeout_s`: cancelling it closes its
+        connection (nothing of it commits but what did before the bound), and the cycle
+        runs again like after a lost database. Entries a late commit did apply are then
+        stale for their watermark: applied once."""
+        limit = self.config.apply_timeout_s
+        bound = asyncio.timeout(limit)
+        try:
+            async with bound:
+                return await self.target.apply(batches)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            self.stats.apply_timeouts += 1
+            raise DatabaseUnavailableError(
+                f"a flush transaction of {len(batches)} threads ran over apply_timeout_s "
+                f"({limit:g} s) and was abandoned; it runs again (raise apply_timeout_s if "
+                "cycles this large are expected)"
+            ) from exc
 
     def _db_retrying(self, error: DatabaseUnavailableError) -> None:
         self.stats.db_retries += 1

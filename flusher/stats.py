@@ -57,6 +57,8 @@ class FlusherStats:
     """Apply calls retried because the database was unavailable."""
     db_retry_episodes: int = 0
     """Periods of database unavailability (each logs one WARNING and one INFO)."""
+    apply_timeouts: int = 0
+    """Apply transactions abandoned after `apply_timeout_s` (counted in `db_retries` too)."""
     quarantined_messages: int = 0
     """Messages terminated into quarantine (undecodable payloads and entries)."""
     quarantined_threads: int = 0

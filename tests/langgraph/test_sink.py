@@ -30,11 +30,11 @@ from buffered_store.langgraph.entry import (
     Writes,
     encode_entry,
 )
-from buffered_store.langgraph.flushplan import Statement
+from buffered_store.langgraph.flushplan import WATERMARKS, Statement
 from buffered_store.langgraph.sink import LangGraphSink, culprit, failure_of
 from buffered_store.nats import NatsWal
 from buffered_store.stores.postgres_errors import DbFailure
-from flusher import Flusher
+from flusher import Flusher, FlusherConfig
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -266,3 +266,66 @@ async def test_tables_not_set_up_say_so_and_how_to_fix_it(schemas: tuple[str, st
             await sink.apply([[put_entry(thread(), 1, "c1")]])
     finally:
         await sink.close()
+
+
+async def test_a_stalled_flush_transaction_is_abandoned_and_releases_its_locks(
+    lg_config: LangGraphConfig, pg_dsn: str
+) -> None:
+    """The LangGraph sink under the flusher's `apply_timeout_s`: a cycle whose transaction
+    waits on a watermark row another session holds is abandoned after the bound (the
+    rows it locked are released: a third session gets one), retried, and completes once
+    the stall ends, with the tables as a flush without the stall leaves them."""
+    config = lg_config.replace(drain_on_close=False)
+    first, second = f"a-{thread()}", f"b-{thread()}"  # locked in this order by the flush
+    lock = f"SELECT 1 FROM {WATERMARKS} WHERE thread_id = %s FOR UPDATE"
+    bounded = FlusherConfig.for_front_end(config, apply_timeout_s=1.0, db_retry_max_s=0.2)
+    heads: dict[str, RunnableConfig] = {
+        t: {"configurable": {"thread_id": t, "checkpoint_ns": ""}} for t in (first, second)
+    }
+
+    async def step(n: int) -> None:
+        for t in (first, second):
+            cp = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": n})
+            heads[t] = await saver.aput(heads[t], cp, {"source": "loop", "step": n}, {"n": n})
+
+    async with BufferedCheckpointSaver.connect(config) as saver:
+        await step(1)
+        async with Flusher(saver.sink, bounded, fmt=LG_FORMAT, backlog_poll_s=0) as flusher:
+            await until_flushed(saver, {first: 1, second: 1})
+            async with (
+                await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
+                await psycopg.AsyncConnection.connect(pg_dsn) as third,
+            ):
+                await blocker.execute(lock, (second,))
+                await step(2)
+
+                async def flush_waits() -> bool:
+                    cur = await third.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    )
+                    row = await cur.fetchone()
+                    return row is not None and row[0] > 0
+
+                deadline = time.monotonic() + 20
+                while not await flush_waits():
+                    assert time.monotonic() < deadline, "the flush never waited on the row"
+                    await asyncio.sleep(0.02)
+                await third.execute("SET lock_timeout = '15s'")
+                await third.execute(lock, (first,))
+                await third.rollback()
+                await blocker.rollback()
+            await until_flushed(saver, {first: 2, second: 2})
+            assert flusher.stats()["apply_timeouts"] >= 1
+        for t in (first, second):
+            stored = await saver.sink.flushed_seqs([t])
+            assert stored == {t: 2}
+            found = await saver.aget_tuple(heads[t])
+            assert found is not None
+            assert found.checkpoint["channel_values"] == {"n": 2}
+
+
+async def until_flushed(saver: BufferedCheckpointSaver, expected: dict[str, int]) -> None:
+    deadline = time.monotonic() + 20
+    while await saver.sink.flushed_seqs(list(expected)) != expected:
+        assert time.monotonic() < deadline, f"not flushed to {expected}"
+        await asyncio.sleep(0.05)
