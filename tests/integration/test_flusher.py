@@ -942,50 +942,56 @@ async def test_read_range_returns_a_slice_of_the_stream_in_order(
 async def test_a_stalled_apply_transaction_is_abandoned_and_releases_its_locks(
     pg_inner: InnerStore,
     writer: Writer,
-    make_config: ConfigFactory,
+    fconfig: FlusherConfig,
     flushers: list[Flusher],
     database_url: str,
     schema_name: str,
 ) -> None:
-    """A cycle's transaction that does not finish (here: waiting on a row another session
-    holds) is abandoned after `apply_timeout_s`: the row locks it took are released (a
-    third session gets one), it is retried like after a lost database, and the cycle
-    completes once the stall ends. Before the bound, the transaction waited for ever
-    with the first thread's row locked."""
+    """A cycle's transaction that does not finish (here: its message insert waits on a
+    table lock another session holds) is abandoned after `apply_timeout_s`: the locks it
+    took are released (a third session, say a migration, gets the threads table), it is
+    retried like after a lost database, and the cycle completes once the stall ends.
+    Before the bound, the transaction waited for ever, and a migration behind it."""
     import psycopg
 
-    config = FlusherConfig.from_store_config(make_config(), **{**FAST, "apply_timeout_s": 1.0})
-    first, second = tid("a"), tid("b")  # locked in this order by the flusher
-    for thread in (first, second):
-        await writer.checkpoint(thread, make_messages(1))
+    config = replace(fconfig, flusher=replace(fconfig.flusher, apply_timeout_s=1.0))
+    thread = tid()
+    await writer.checkpoint(thread, make_messages(1))
     service = await start(flushers, pg_inner, config)
-    await flushed_to(pg_inner, {first: 1, second: 1})
+    await flushed_to(pg_inner, {thread: 1})
 
     url = database_url.replace("postgresql+psycopg://", "postgresql://")
-    lock = f'SELECT 1 FROM "{schema_name}".threads WHERE thread_id = %s FOR UPDATE'
     async with (
         await psycopg.AsyncConnection.connect(url) as blocker,
         await psycopg.AsyncConnection.connect(url) as third,
     ):
-        await blocker.execute(lock, (second,))
-        for thread in (first, second):
-            await writer.checkpoint(thread, make_messages(2))
-
-        async def flush_waits() -> bool:
-            cur = await third.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            )
-            row = await cur.fetchone()
-            return row is not None and row[0] > 0
-
-        await eventually(flush_waits, what="the flush waiting on the row", timeout_s=20)
-        # The flush holds the first thread's row only within one bounded transaction:
-        # another session gets it in turn instead of waiting for ever.
+        await blocker.execute(f'LOCK TABLE "{schema_name}".messages IN SHARE ROW EXCLUSIVE MODE')
+        await writer.checkpoint(thread, make_messages(2))
+        await eventually(
+            functools.partial(blocked_by, third, blocker.info.backend_pid),
+            what="the flush waiting on the table",
+            timeout_s=20,
+        )
+        # What the flush holds (here: its lock on the threads table, which a migration
+        # needs) it holds only within one bounded transaction: another session gets it
+        # in turn instead of waiting for ever.
         await third.execute("SET lock_timeout = '15s'")
-        await third.execute(lock, (first,))
+        await third.execute(f'LOCK TABLE "{schema_name}".threads IN ACCESS EXCLUSIVE MODE')
         await third.rollback()
+        # (the server let go before the flusher's task has finished being cancelled)
+        await eventually(
+            lambda: _stat_at_least(service, "apply_timeouts", 1), what="the bound", timeout_s=20
+        )
         await blocker.rollback()
-    assert service.stats()["apply_timeouts"] >= 1
-    await flushed_to(pg_inner, {first: 2, second: 2}, timeout_s=20)
-    assert await pg_inner.load_messages(second) == make_messages(2)
+    await flushed_to(pg_inner, {thread: 2}, timeout_s=20)
+    assert await pg_inner.load_messages(thread) == make_messages(2)
     assert service.stats()["db_retries"] >= service.stats()["apply_timeouts"] >= 1
+
+
+async def blocked_by(conn: Any, pid: int) -> bool:
+    """Whether a session waits on a lock `pid` holds."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+    )
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0

@@ -271,57 +271,50 @@ async def test_tables_not_set_up_say_so_and_how_to_fix_it(schemas: tuple[str, st
 async def test_a_stalled_flush_transaction_is_abandoned_and_releases_its_locks(
     lg_config: LangGraphConfig, pg_dsn: str
 ) -> None:
-    """The LangGraph sink under the flusher's `apply_timeout_s`: a cycle whose transaction
-    waits on a watermark row another session holds is abandoned after the bound (the
-    rows it locked are released: a third session gets one), retried, and completes once
-    the stall ends, with the tables as a flush without the stall leaves them."""
+    """The LangGraph sink under the flusher's `apply_timeout_s`: a cycle whose writes wait
+    on a table lock another session holds, after the thread's watermark row was locked,
+    is abandoned after the bound (a third session then gets the row), retried, and
+    completes once the stall ends, with the tables as a flush without the stall leaves
+    them."""
     config = lg_config.replace(drain_on_close=False)
-    first, second = f"a-{thread()}", f"b-{thread()}"  # locked in this order by the flush
-    lock = f"SELECT 1 FROM {WATERMARKS} WHERE thread_id = %s FOR UPDATE"
+    one = thread()
     bounded = FlusherConfig.for_front_end(config, apply_timeout_s=1.0, db_retry_max_s=0.2)
-    heads: dict[str, RunnableConfig] = {
-        t: {"configurable": {"thread_id": t, "checkpoint_ns": ""}} for t in (first, second)
-    }
-
-    async def step(n: int) -> None:
-        for t in (first, second):
-            cp = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": n})
-            heads[t] = await saver.aput(heads[t], cp, {"source": "loop", "step": n}, {"n": n})
+    head: RunnableConfig = {"configurable": {"thread_id": one, "checkpoint_ns": ""}}
 
     async with BufferedCheckpointSaver.connect(config) as saver:
-        await step(1)
-        async with Flusher(saver.sink, bounded, fmt=LG_FORMAT, backlog_poll_s=0) as flusher:
-            await until_flushed(saver, {first: 1, second: 1})
+
+        async def step(n: int) -> RunnableConfig:
+            cp = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": n})
+            return await saver.aput(head, cp, {"source": "loop", "step": n}, {"n": n})
+
+        head = await step(1)
+        flusher = Flusher(saver.sink, bounded, fmt=LG_FORMAT, backlog_poll_s=0)
+        async with flusher:
+            await until_flushed(saver, {one: 1})
             async with (
                 await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
                 await psycopg.AsyncConnection.connect(pg_dsn) as third,
             ):
-                await blocker.execute(lock, (second,))
-                await step(2)
-
-                async def flush_waits() -> bool:
-                    cur = await third.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    )
-                    row = await cur.fetchone()
-                    return row is not None and row[0] > 0
-
+                await blocker.execute("LOCK TABLE checkpoints IN SHARE ROW EXCLUSIVE MODE")
+                head = await step(2)
                 deadline = time.monotonic() + 20
-                while not await flush_waits():
-                    assert time.monotonic() < deadline, "the flush never waited on the row"
+                while not await blocked_by(third, blocker.info.backend_pid):
+                    assert time.monotonic() < deadline, "the flush never waited on the table"
                     await asyncio.sleep(0.02)
                 await third.execute("SET lock_timeout = '15s'")
-                await third.execute(lock, (first,))
+                await third.execute(
+                    f"SELECT 1 FROM {WATERMARKS} WHERE thread_id = %s FOR UPDATE", (one,)
+                )
                 await third.rollback()
+                # (the server let go before the flusher's task has finished being cancelled)
+                while flusher.stats()["apply_timeouts"] < 1:
+                    assert time.monotonic() < deadline + 20, "the bound was never counted"
+                    await asyncio.sleep(0.02)
                 await blocker.rollback()
-            await until_flushed(saver, {first: 2, second: 2})
-            assert flusher.stats()["apply_timeouts"] >= 1
-        for t in (first, second):
-            stored = await saver.sink.flushed_seqs([t])
-            assert stored == {t: 2}
-            found = await saver.aget_tuple(heads[t])
-            assert found is not None
-            assert found.checkpoint["channel_values"] == {"n": 2}
+            await until_flushed(saver, {one: 2})
+        found = await saver.aget_tuple(head)
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"n": 2}
 
 
 async def until_flushed(saver: BufferedCheckpointSaver, expected: dict[str, int]) -> None:
@@ -329,3 +322,12 @@ async def until_flushed(saver: BufferedCheckpointSaver, expected: dict[str, int]
     while await saver.sink.flushed_seqs(list(expected)) != expected:
         assert time.monotonic() < deadline, f"not flushed to {expected}"
         await asyncio.sleep(0.05)
+
+
+async def blocked_by(conn: psycopg.AsyncConnection[Any], pid: int) -> bool:
+    """Whether a session waits on a lock `pid` holds."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+    )
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0
