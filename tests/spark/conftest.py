@@ -23,12 +23,33 @@ from pyspark.sql import DataFrame, SparkSession
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.dev.services import Services
+from buffered_store.spark import jdbc, overlay
 from buffered_store.spark.overlay import StoreSource
 from buffered_store.spark.session import spark_session
 from buffered_store.stores.postgres import PostgresThreadRunStore
 from buffered_store.stores.urls import to_libpq_url
 from buffered_store.threadrun.records import RunRecord, Thread
 from buffered_store.threadrun.store import BufferedThreadRunStore
+
+
+@pytest.fixture(autouse=True)
+def close_pins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every snapshot a test pinned, also when it failed with its reads still
+    referenced (a traceback keeps them alive): an open pin is a transaction, and one left
+    behind would hold back, say, the CREATE INDEX CONCURRENTLY of LangGraph's set-up
+    in a later test of the run."""
+    made: list[jdbc.PinnedSnapshot] = []
+    original = jdbc.pin_snapshot
+
+    def pinning(*args: Any, **kwargs: Any) -> jdbc.PinnedSnapshot:
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(jdbc, "pin_snapshot", pinning)
+    monkeypatch.setattr(overlay, "pin_snapshot", pinning)
+    yield
+    for pin in made:
+        pin.close()
 
 
 @pytest.fixture(scope="session")

@@ -145,7 +145,7 @@ async def test_a_rewriting_thread_is_cut_from_the_scan_and_folds_like_the_store(
 async def mixed(env: StoreEnv) -> None:
     """Flushed threads with every kind of pending entry on top, and fresh threads."""
     store = env.store
-    for name in ("append", "rewrite", "snap", "gone", "reborn", "quiet"):
+    for name in ("append", "rewrite", "snap", "proven", "gone", "reborn", "quiet"):
         await store.checkpoint(name, make_messages(5), make_run(name, f"r-{name}"))
     await store.force_flush_all()
     await store.checkpoint("append", make_messages(7), make_run("append", "r-append"))
@@ -156,10 +156,17 @@ async def mixed(env: StoreEnv) -> None:
     await store.delete_thread("reborn")
     await store.checkpoint("reborn", make_messages(2, start=3), make_run("reborn", "r-new"))
     await store.checkpoint("fresh", make_messages(3), make_run("fresh", "r-fresh"))
-    # A restarted writer: cold cursors, so its first entry is a whole snapshot.
+    # A restarted writer (cold cursors): a history that extends the stored one is proven
+    # by its digest and only appends; an edited one is a whole snapshot.
+    edited = [{"role": "user", "content": "edited"}, *make_messages(5)[1:]]
     async with BufferedThreadRunStore.connect(env.inner, env.config) as restarted:
-        await restarted.checkpoint("snap", make_messages(6), make_run("snap", "r-snap"))
-        await restarted.checkpoint("snap", make_messages(7), make_run("snap", "r-snap"))
+        await restarted.checkpoint("proven", make_messages(6), make_run("proven", "r-proven"))
+        await restarted.checkpoint(
+            "snap", [*edited, *make_messages(1, start=5)], make_run("snap", "r-snap")
+        )
+        await restarted.checkpoint(
+            "snap", [*edited, *make_messages(2, start=5)], make_run("snap", "r-snap")
+        )
 
 
 async def test_the_union_equals_the_join_on_a_mixed_data_set(
@@ -174,6 +181,7 @@ async def test_the_union_equals_the_join_on_a_mixed_data_set(
     assert union.tail is not None
     plan = plan_union(union.tail.received.message_entries, marks)
     assert set(plan.cuts) == {"rewrite", "snap", "gone", "reborn"}
+    assert plan.cuts["snap"] == 0
     assert rows(union.messages) == rows(join.messages)
     assert spark_view(union) == spark_view(join) == await store_view(env.store)
     # The same rows once flushed, read with the driver reading the tail itself (a flush
