@@ -157,6 +157,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "steps": steps,
         "p50_ms": round(1000 * latencies[steps // 2], 3),
         "p90_ms": round(1000 * latencies[steps * 9 // 10], 3),
+        "p99_ms": round(1000 * latencies[steps * 99 // 100], 3),
         "cpu_ms_per_step": round(1000 * cpu / steps, 4),
         "wall_ms_per_step": round(1000 * wall / steps, 4),
         "entries": stats["entries"],
