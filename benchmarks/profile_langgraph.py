@@ -14,6 +14,8 @@ the step latency (from the writes' call to the checkpoint's return) and the clie
     .venv/bin/python -m buffered_store.benchmarks.profile_langgraph             # own nats-server
     NATS_URL=nats://127.0.0.1:4222 .venv/bin/python -m buffered_store.benchmarks.profile_langgraph \
         --threads 8 --steps 250 --json out.jsonl          # one JSON line per run, appended
+    .venv/bin/python -m buffered_store.benchmarks.profile_langgraph --threads 32 --steps 60 \
+        --rate 300                                        # paced, as the harness's 50% point
 
 Compare two commits by running it alternately from two checkouts and taking the ratio
 run by run: one run is noisy on a shared machine.
@@ -27,6 +29,7 @@ import contextlib
 import cProfile
 import json
 import os
+import random
 import time
 import uuid
 from typing import Any, cast
@@ -77,9 +80,18 @@ def checkpoint(messages: list[AnyMessage], n: int) -> Checkpoint:
 
 
 async def thread(
-    saver: BufferedCheckpointSaver, thread_id: str, steps: int, latencies: list[float]
+    saver: BufferedCheckpointSaver,
+    thread_id: str,
+    steps: int,
+    latencies: list[float],
+    interval_s: float = 0.0,
 ) -> None:
-    """`steps` steps of one thread, each one's latency appended to `latencies`."""
+    """`steps` steps of one thread, each one's latency appended to `latencies`; with an
+    `interval_s`, a step starts every `interval_s` (from a random offset), as a paced
+    graph's node waits for its slot, and a step more than one interval late skips to
+    the next slot."""
+    loop = asyncio.get_running_loop()
+    slot = loop.time() + random.uniform(0, interval_s)
     config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
     first = checkpoint([], 2)
     first["channel_values"], first["channel_versions"] = {}, {}
@@ -90,6 +102,11 @@ async def thread(
             messages = [m.model_copy() for m in messages[-100:]]
         message = AIMessage(content=f"step {len(messages)}: {FILLER}", id=str(uuid.uuid4()))
         messages = [*messages, message]
+        if interval_s > 0:
+            while slot < loop.time() - interval_s:
+                slot += interval_s
+            await asyncio.sleep(max(0.0, slot - loop.time()))
+            slot += interval_s
         n = step + 3
         new_versions: ChannelVersions = {
             c: version(n) for c in ("messages", "remaining", "branch:to:step")
@@ -139,8 +156,12 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         cpu, wall = time.process_time(), time.perf_counter()
         if profiler is not None:
             profiler.enable()
+        interval_s = args.threads / args.rate if args.rate else 0.0
         await asyncio.gather(
-            *(thread(saver, f"t-{i}", args.steps, latencies) for i in range(args.threads))
+            *(
+                thread(saver, f"t-{i}", args.steps, latencies, interval_s)
+                for i in range(args.threads)
+            )
         )
         if profiler is not None:
             profiler.disable()
@@ -154,6 +175,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     steps = len(latencies)
     return {
         "threads": args.threads,
+        "rate": args.rate,
         "steps": steps,
         "p50_ms": round(1000 * latencies[steps // 2], 3),
         "p90_ms": round(1000 * latencies[steps * 9 // 10], 3),
@@ -206,6 +228,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=8, help="threads, one step in flight each")
     p.add_argument("--steps", type=int, default=250, help="measured steps per thread")
     p.add_argument("--warm", type=int, default=20, help="warm-up steps per thread, not kept")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="paced: steps/s over all threads (each thread's steps at its own slots; the "
+        "wait is left out of the latency); default closed loop",
+    )
     p.add_argument("--profile", help="write a cProfile of the measured steps to this file")
     p.add_argument("--json", help="append the run's figures to this file, one JSON line")
     return p.parse_args(argv)
