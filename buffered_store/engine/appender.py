@@ -25,6 +25,7 @@ from buffered_store.engine.cursors import (
     S,
     Seeded,
 )
+from buffered_store.engine.deadlines import Deadlines
 from buffered_store.engine.entries import E, Format, H, follows
 from buffered_store.engine.hotupdates import HotUpdates, merged_recent
 from buffered_store.engine.ids import check_aware, utcnow
@@ -154,6 +155,7 @@ class Writer(Generic[E, H, S]):
         """The hot record is advanced after `write` returns, off the caller's path (see
         `HotUpdates`): a write then costs one round trip."""
         self.hot_updates = HotUpdates(self, linger_s=hot_linger_s)
+        self._deadlines = Deadlines()
         # Nonces: random per instance, then a counter (unique without a syscall per call).
         self._nonce_prefix = secrets.token_hex(8)
         self._nonces = itertools.count(1)
@@ -378,8 +380,8 @@ class Writer(Generic[E, H, S]):
         attempt = AppendAttempt()
         written: E | None = None
         try:
-            # One timeout scope for both round trips (a second one costs a timer per call).
-            async with asyncio.timeout_at(deadline):
+            # One timeout scope for both round trips, on the timer all writes share.
+            async with self._deadlines.at(deadline):
                 entry, stream_seq, base = await self.append(thread_id, build, attempt)
                 written = entry
                 after = state_of(entry) if state_of is not None else state

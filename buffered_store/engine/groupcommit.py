@@ -20,7 +20,6 @@ burst of threads shares the connection fairly instead of all at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -41,8 +40,16 @@ class _Request(Generic[R, T]):
 @dataclass(eq=False, slots=True)
 class _Queue(Generic[R, T]):
     waiting: list[_Request[R, T]] = field(default_factory=list)
-    urgent: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: bool = False
+    wake: asyncio.Future[None] | None = None
+    """Set while the drainer lingers: resolved by an urgent write or the linger's end."""
     drainer: asyncio.Task[None] | None = None
+
+    def hurry(self) -> None:
+        """Mark the queue urgent and end a linger in progress."""
+        self.urgent = True
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
 
 
 class GroupCommit(Generic[R, T]):
@@ -79,15 +86,18 @@ class GroupCommit(Generic[R, T]):
         if queue is None:
             queue = self._queues[thread_id] = _Queue()
         request: _Request[R, T] = _Request(item, joins, asyncio.get_running_loop().create_future())
-        # A caller cancelled while it waits does not cancel its write; its outcome is
-        # then nobody's to read.
+        # A caller cancelled while it waits cancels only its future, not its write (the
+        # drainer writes it all the same and skips resolving it); an outcome nobody
+        # reads is consumed.
         request.future.add_done_callback(_consume)
         queue.waiting.append(request)
         if urgent or not joins or self._linger_s <= 0:
-            queue.urgent.set()
+            queue.hurry()
         if queue.drainer is None:
             queue.drainer = asyncio.create_task(self._drain(thread_id, queue))
-        return await asyncio.shield(request.future)
+        # Awaited as it is, not through `asyncio.shield`: a shield's outer future is
+        # resolved by a callback of the inner one, one more turn of the loop per write.
+        return await request.future
 
     async def settled(self) -> None:
         """Return once every write submitted so far is written (or failed)."""
@@ -98,12 +108,11 @@ class GroupCommit(Generic[R, T]):
     async def _drain(self, thread_id: str, queue: _Queue[R, T]) -> None:
         try:
             while queue.waiting:
-                if not queue.urgent.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(queue.urgent.wait(), self._linger_s)
+                if not queue.urgent:
+                    await self._linger(queue)
                 batch = _take(queue.waiting)
                 if not queue.waiting:
-                    queue.urgent.clear()
+                    queue.urgent = False
                 await self._send(thread_id, batch)
         except BaseException as exc:
             # Cancelled (the process shuts down): what is still queued was not written.
@@ -116,6 +125,21 @@ class GroupCommit(Generic[R, T]):
             queue.drainer = None
             if not queue.waiting and self._queues.get(thread_id) is queue:
                 del self._queues[thread_id]
+
+    async def _linger(self, queue: _Queue[R, T]) -> None:
+        """Wait until an urgent write comes (`_Queue.hurry`) or `linger_s` is over.
+
+        A bare future and a timer: the urgent write wakes the drainer in the next turn
+        of the loop (`asyncio.wait_for` on an event takes three, and a task of its own).
+        """
+        loop = asyncio.get_running_loop()
+        wake = queue.wake = loop.create_future()
+        timer = loop.call_later(self._linger_s, _wake, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            queue.wake = None
 
     async def _send(self, thread_id: str, batch: list[_Request[R, T]]) -> None:
         try:
@@ -136,6 +160,11 @@ class GroupCommit(Generic[R, T]):
         for request in batch:
             if not request.future.done():
                 request.future.set_result(result)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _consume(future: asyncio.Future[T]) -> None:

@@ -52,9 +52,26 @@ def check_key(value: Any, what: str) -> str:
 
 
 def json_bytes(value: Any, where: str) -> bytes:
-    """The JSON text of `value`, after `check_json` refused what Postgres jsonb or the
-    WAL would not take."""
+    """The JSON text of `value`, refusing what `check_json` refuses.
+
+    orjson itself refuses most of it (integers beyond 64 bits, lone surrogates,
+    non-string keys, most other types). What it takes but `check_json` would not comes
+    out as ``\\u0000`` (a NUL), or reads back as another value: NaN and Infinity
+    written as null, and orjson's own types (datetime, UUID, dataclass, enum) written as
+    strings or objects. A value that reads back equal and holds no NUL is then valid,
+    for the cost of one parse (a LangGraph checkpoint's: about a quarter of the walk in
+    Python, which every put paid twice); any other value gets `check_json`, which names
+    the path of what is wrong (or lets it pass: a tuple reads back as a list).
+    """
+    try:
+        data: bytes | None = orjson.dumps(value)
+    except TypeError:
+        data = None
+    if data is not None and b"\\u0000" not in data and orjson.loads(data) == value:
+        return data
     check_json(value, where)
+    if data is not None:
+        return data
     try:
         return orjson.dumps(value)
     except TypeError as exc:  # check_json names the path of anything orjson refuses

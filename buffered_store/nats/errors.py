@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import nats.errors
@@ -29,38 +29,55 @@ or the server's JetStream storage exhausted (10023, "insufficient resources").""
 
 @asynccontextmanager
 async def translated(what: str) -> AsyncIterator[None]:
-    """Re-raise nats/asyncio failures of `what` as our errors."""
+    """Re-raise nats/asyncio failures of `what` as our errors (`translation`)."""
     try:
         yield
-    except StoreError:
-        raise
-    except jse.KeyWrongLastSequenceError as exc:
-        raise ConflictError(f"{what}: the key changed meanwhile") from exc
-    except jse.APIError as exc:
+    except Exception as exc:
+        ours = translation(exc, lambda: what)
+        if ours is None:
+            raise
+        raise ours from exc
+
+
+def translation(exc: Exception, what: Callable[[], str]) -> StoreError | None:
+    """Our error for a nats/asyncio failure of `what()` (asked only on failure), None
+    for one of ours (re-raise it) or one we do not translate.
+
+    `translated` is this as a context manager; the write path's append calls it in a
+    plain ``except`` instead: an async context manager per call costs about as much as
+    the rest of the append's own Python code.
+    """
+    if isinstance(exc, StoreError):
+        return None
+    if isinstance(exc, jse.KeyWrongLastSequenceError):
+        return ConflictError(f"{what()}: the key changed meanwhile")
+    if isinstance(exc, jse.APIError):
         if exc.err_code == WRONG_LAST_SEQUENCE:
-            raise ConflictError(f"{what}: another entry was appended meanwhile") from exc
+            return ConflictError(f"{what()}: another entry was appended meanwhile")
         if exc.err_code in STORE_FULL:
-            raise WalFullError(
-                f"{what}: the WAL is full ({exc.description}); retry once the flushers "
+            return WalFullError(
+                f"{what()}: the WAL is full ({exc.description}); retry once the flushers "
                 "have drained it"
-            ) from exc
+            )
         if isinstance(exc, jse.ServiceUnavailableError):
-            raise WalUnavailableError(f"{what}: JetStream unavailable ({exc})") from exc
-        raise WalRefusedError(f"{what}: JetStream refused the request ({exc})") from exc
-    except (
-        TimeoutError,
-        nats.errors.TimeoutError,
-        nats.errors.ConnectionClosedError,
-        nats.errors.NoServersError,
-        nats.errors.NoRespondersError,
-        nats.errors.StaleConnectionError,
-        nats.errors.OutboundBufferLimitError,
-        jse.NoStreamResponseError,
-        ConnectionError,
-        OSError,
-    ) as exc:
-        raise WalUnavailableError(f"{what}: NATS unavailable ({type(exc).__name__})") from exc
-    except nats.errors.MaxPayloadError as exc:  # refused by the client: nothing was sent
-        raise PayloadTooLargeError(f"{what}: larger than the server accepts ({exc})") from exc
-    except nats.errors.Error as exc:  # refused by the client: invalid key, draining
-        raise WalRefusedError(f"{what}: refused ({type(exc).__name__}: {exc})") from exc
+            return WalUnavailableError(f"{what()}: JetStream unavailable ({exc})")
+        return WalRefusedError(f"{what()}: JetStream refused the request ({exc})")
+    if isinstance(
+        exc,
+        TimeoutError
+        | nats.errors.TimeoutError
+        | nats.errors.ConnectionClosedError
+        | nats.errors.NoServersError
+        | nats.errors.NoRespondersError
+        | nats.errors.StaleConnectionError
+        | nats.errors.OutboundBufferLimitError
+        | jse.NoStreamResponseError
+        | ConnectionError
+        | OSError,
+    ):
+        return WalUnavailableError(f"{what()}: NATS unavailable ({type(exc).__name__})")
+    if isinstance(exc, nats.errors.MaxPayloadError):  # refused by the client: nothing sent
+        return PayloadTooLargeError(f"{what()}: larger than the server accepts ({exc})")
+    if isinstance(exc, nats.errors.Error):  # refused by the client: invalid key, draining
+        return WalRefusedError(f"{what()}: refused ({type(exc).__name__}: {exc})")
+    return None

@@ -81,6 +81,11 @@ class ReplyInbox:
     timeout makes each new deadline later than the timer's, so a request schedules,
     cancels and compares no timer of its own. The subscription is made on first use
     and, like any subscription, renewed by nats-py after a reconnect.
+
+    Replies are handed over where the client reads them (`Dispatch`), not through a
+    subscription callback: nats-py queues each message for a callback's own task, one
+    more turn of the loop, with every other ready callback of a busy process ahead, on
+    every round trip.
     """
 
     def __init__(self, nc: Client) -> None:
@@ -137,8 +142,9 @@ class ReplyInbox:
 
     async def _subscribe(self) -> None:
         if self._subscribed is None:
+            loop = asyncio.get_running_loop()
             self._subscribed = asyncio.ensure_future(
-                self._nc.subscribe(self._prefix + "*", cb=self._deliver)
+                self._nc.subscribe(self._prefix + "*", future=Dispatch(loop, self._deliver))
             )
         if self._subscribed.done() and self._subscribed.exception() is None:
             return
@@ -149,10 +155,24 @@ class ReplyInbox:
                 self._subscribed = None  # failed: the next request subscribes again
             raise
 
-    async def _deliver(self, msg: Msg) -> None:
+    def _deliver(self, msg: Msg) -> None:
         waiting = self._waiting.pop(msg.subject[len(self._prefix) :], None)
         if waiting is not None and not waiting[0].done():
             waiting[0].set_result(msg)
+
+
+class Dispatch(asyncio.Future[Msg]):
+    """What nats-py's ``subscribe(future=...)`` takes for its old-style requests, made to
+    pass every message on: the client reads a message for such a subscription and calls
+    ``set_result`` at once, in its read loop (no queue, no task), and never looks at the
+    future again. This one stays pending and hands each message to `deliver`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Msg], None]) -> None:
+        super().__init__(loop=loop)
+        self._deliver = deliver
+
+    def set_result(self, result: Msg, /) -> None:
+        self._deliver(result)
 
 
 class CountingConnection:

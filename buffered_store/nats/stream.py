@@ -12,7 +12,7 @@ import nats.js.errors as jse
 
 from buffered_store.engine.ports import ConsumerState, StoredMsg
 from buffered_store.nats.delivery import NatsDelivery
-from buffered_store.nats.errors import translated
+from buffered_store.nats.errors import translated, translation
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, MSG_ID, WalHandles
 from buffered_store.nats.scan import scan_by_consumer, stored_msg
 
@@ -28,8 +28,13 @@ class WalStream(WalHandles):
         Raises `ConflictError` when another entry is now the last one on the subject.
         """
         headers = {MSG_ID: msg_id, EXPECTED_LAST_SUBJECT_SEQ: str(expected_last_subject_seq)}
-        async with translated(f"publish {subject}"):
+        try:
             return await self._js_publish(subject, payload, headers)
+        except Exception as exc:  # `translated`, minus a context manager per append
+            ours = translation(exc, lambda: f"publish {subject}")
+            if ours is None:
+                raise
+            raise ours from exc
 
     async def get(self, seq: int) -> StoredMsg | None:
         """The message at a stream seq, or None when absent."""

@@ -92,6 +92,49 @@ async def test_a_lingering_write_waits_for_an_urgent_one_and_shares_its_publish(
     assert publish.calls == [("t", ["writes", "checkpoint"])]
 
 
+async def test_an_urgent_write_ends_a_linger_in_the_next_turn_of_the_loop() -> None:
+    # Counted in turns of the event loop, not in time: each turn a write waits is a
+    # wait behind every other ready callback of a busy process.
+    publish = Publisher()
+    commit: GroupCommit[str, str] = GroupCommit(publish, linger_s=60.0)
+    writes = asyncio.create_task(commit.submit("t", "writes", joins=True, urgent=False))
+    await settle()
+    checkpoint = asyncio.create_task(commit.submit("t", "checkpoint", joins=True, urgent=True))
+    await asyncio.sleep(0)  # the checkpoint is submitted
+    await asyncio.sleep(0)  # the drainer wakes
+    assert publish.calls == [("t", ["writes", "checkpoint"])]
+    publish.release_all()
+    assert await writes == await checkpoint == "t:1"
+
+
+async def test_a_caller_resumes_in_the_turn_after_its_publish_returns() -> None:
+    publish = Publisher()
+    commit: GroupCommit[str, str] = GroupCommit(publish)
+    write = asyncio.create_task(commit.submit("t", "a", joins=True, urgent=True))
+    await settle()
+    publish.gates[0].set()
+    await asyncio.sleep(0)  # the publish returns, the drainer resolves the write
+    await asyncio.sleep(0)  # its caller resumes
+    assert write.done()
+    assert write.result() == "t:1"
+
+
+async def test_a_cancelled_caller_does_not_cancel_its_write() -> None:
+    publish = Publisher()
+    commit: GroupCommit[str, str] = GroupCommit(publish)
+    first = asyncio.create_task(commit.submit("t", "a", joins=True, urgent=True))
+    await settle()
+    queued = asyncio.create_task(commit.submit("t", "b", joins=True, urgent=True))
+    await settle()
+    queued.cancel()
+    await settle()
+    publish.release_all()
+    assert await first == "t:1"
+    await commit.settled()
+    assert publish.calls == [("t", ["a"]), ("t", ["b"])]
+    assert queued.cancelled()
+
+
 async def test_a_lingering_write_alone_goes_out_after_the_linger() -> None:
     publish = Publisher()
     publish.hold = False

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import math
+import uuid
+from dataclasses import dataclass
 
+import orjson
 import pytest
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.errors import ConfigError, ValidationError
 from buffered_store.langgraph.config import LangGraphConfig
-from buffered_store.langgraph.validation import check_json, check_text
+from buffered_store.langgraph.validation import check_json, check_text, json_bytes
 
 
 @pytest.mark.parametrize(
@@ -31,6 +36,56 @@ def test_what_postgres_or_the_wal_refuses_is_refused_with_its_path(
 ) -> None:
     with pytest.raises(ValidationError, match=path.replace("[", r"\[").replace("]", r"\]")):
         check_json(value, "metadata")
+
+
+class Plain(enum.Enum):
+    A = "a"
+
+
+class Text(enum.StrEnum):
+    A = "a"
+
+
+@dataclass
+class Point:
+    x: int
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"a": {"b": "x\x00"}}, "metadata.a.b"),
+        ({"a": [1, math.nan]}, "metadata.a[1]"),
+        ({"a": [{"inf": -math.inf}]}, "metadata.a[0].inf"),
+        ({"n": 2**64}, "metadata.n"),
+        ({"k\x00": 1}, "metadata key"),
+        ({"s": "\ud800"}, "metadata.s"),
+        ({"d": {1: "x"}}, "metadata.d"),
+        # orjson writes these without complaint; Postgres-bound JSON must not hold them.
+        ({"t": datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)}, "metadata.t"),
+        ({"u": uuid.UUID(int=1)}, "metadata.u"),
+        ({"p": [Point(1)]}, "metadata.p[0]"),
+        ({"e": Plain.A}, "metadata.e"),
+    ],
+)
+def test_json_bytes_refuses_what_check_json_refuses(value: object, path: str) -> None:
+    with pytest.raises(ValidationError, match=path.replace("[", r"\[").replace("]", r"\]")):
+        json_bytes(value, "metadata")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": [1, 2.5, -0.0, None, True, "é", {"b": 2**64 - 1, "c": -(2**63)}]},
+        {"escaped": "a \\u0000 that is text, not a NUL"},
+        {"t": (1, "two"), "s": Text.A},
+        [],
+    ],
+)
+def test_json_bytes_writes_what_check_json_accepts(value: object) -> None:
+    check_json(value, "checkpoint")
+    data = json_bytes(value, "checkpoint")
+    assert data == orjson.dumps(value)
 
 
 def test_json_postgres_takes_is_accepted() -> None:
