@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,14 +22,12 @@ from nats.aio.msg import Msg
 from nats.js.api import Header
 
 from buffered_store.backoff import Backoff
+from buffered_store.timers import EXPIRY_SLACK_S as EXPIRY_SLACK_S
+from buffered_store.timers import SharedTimer
 
 NO_RESPONDERS_FIRST_WAIT_S = 0.005
 NO_RESPONDERS_MAX_WAIT_S = 0.1
 """A request that found nobody listening is sent again after these waits (doubling)."""
-
-EXPIRY_SLACK_S = 0.001
-"""The reply inbox's timer fails requests whose deadline is at most this far ahead (a
-loop runs a timer up to its clock resolution early)."""
 
 
 async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:
@@ -91,11 +88,10 @@ class ReplyInbox:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox() + "."
-        self._waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._deadlines: SharedTimer[str] = SharedTimer(self._time_out)
         self._tokens = itertools.count()
         self._subscribed: asyncio.Future[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
 
     async def request(
         self, subject: str, payload: bytes, headers: dict[str, str], *, timeout_s: float
@@ -106,39 +102,23 @@ class ReplyInbox:
         loop = asyncio.get_running_loop()
         token = str(next(self._tokens))
         reply: asyncio.Future[Msg] = loop.create_future()
-        deadline = loop.time() + timeout_s
-        self._waiting[token] = (reply, deadline)
-        if deadline < self._timer_at:
-            self._arm(loop, deadline)
+        self._waiting[token] = reply
+        self._deadlines.add(token, loop.time() + timeout_s)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
             msg = await reply
         finally:
             self._waiting.pop(token, None)
+            self._deadlines.discard(token)
         if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
             raise nats.errors.NoRespondersError
         return msg
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = loop.call_at(at, self._expire, loop)
-
-    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Fail every request whose deadline has passed; set the timer for the nearest
-        of the others."""
-        self._timer, self._timer_at = None, math.inf
-        now = loop.time() + EXPIRY_SLACK_S
-        nearest = math.inf
-        for reply, deadline in self._waiting.values():
-            if deadline <= now:
-                if not reply.done():
-                    reply.set_exception(nats.errors.TimeoutError())
-            elif deadline < nearest:
-                nearest = deadline
-        if nearest < math.inf:
-            self._arm(loop, nearest)
+    def _time_out(self, token: str) -> None:
+        """The request's deadline has passed: fail it."""
+        reply = self._waiting.get(token)
+        if reply is not None and not reply.done():
+            reply.set_exception(nats.errors.TimeoutError())
 
     async def _subscribe(self) -> None:
         if self._subscribed is None:
@@ -156,9 +136,9 @@ class ReplyInbox:
             raise
 
     def _deliver(self, msg: Msg) -> None:
-        waiting = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if waiting is not None and not waiting[0].done():
-            waiting[0].set_result(msg)
+        reply = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if reply is not None and not reply.done():
+            reply.set_result(msg)
 
 
 class Dispatch(asyncio.Future[Msg]):

@@ -76,13 +76,13 @@ async def test_a_request_not_answered_in_time_times_out_and_the_others_still_ans
     await nc.subscribe("rq.some", cb=answer)
     inbox = ReplyInbox(nc)
     arms: list[float] = []
-    arm = inbox._arm
+    arm = inbox._deadlines._arm
 
     def counting_arm(loop: asyncio.AbstractEventLoop, at: float) -> None:
         arms.append(at)
         arm(loop, at)
 
-    inbox._arm = counting_arm  # type: ignore[method-assign]
+    inbox._deadlines._arm = counting_arm  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     started = loop.time()
 
