@@ -34,6 +34,8 @@ from buffered_store.errors import (
     FlushFailedError,
     FlushTimeoutError,
     WalEntriesMissingError,
+    WalObjectMissingError,
+    WalRefusedError,
 )
 
 log = logging.getLogger("buffered_store.engine.threadlog")
@@ -235,10 +237,31 @@ class ThreadLog(Generic[E, H]):
     ) -> dict[int, E]:
         # Entries of one subject sit in seq order (each publish is a per-subject CAS), so
         # the walk can start at the newest stream position known to be at or below `after`.
-        start = 1
         below = [stream_seq for seq, stream_seq in known.items() if seq <= after]
         if below:
-            start = max(start, max(below) + 1)
+            return await self._walk_from(thread_id, after, upto, max(below) + 1)
+        floor = await self._ack_floor() if after > 0 else 0
+        if floor > 0:
+            # An entry above the watermark was never acknowledged (acks follow the
+            # flush), so it lies above the flusher consumer's ack floor: walking from
+            # there costs the thread's unflushed entries, not its whole history.
+            found = await self._walk_from(thread_id, after, upto, floor + 1)
+            if after + 1 in found:
+                return found
+            # Nothing continues the watermark above the floor (its entries were
+            # terminated, as a quarantine does): the whole subject decides.
+        return await self._walk_from(thread_id, after, upto, 1)
+
+    async def _ack_floor(self) -> int:
+        """The flusher consumer's ack floor (stream seq), 0 when there is no consumer to
+        read it from (NATS unavailable raises, as the walk itself would)."""
+        try:
+            return (await self.wal.consumer_state()).ack_floor
+        except (WalObjectMissingError, WalRefusedError):
+            return 0
+
+    async def _walk_from(self, thread_id: str, after: int, upto: int, start: int) -> dict[int, E]:
+        """Entries of (after, upto] on the thread's subject from stream seq `start` on."""
         found: dict[int, E] = {}
         async for _, entry in self.walk(thread_id, start):
             if entry is not None:

@@ -168,6 +168,21 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
             await proc.wait()
 
 
+def server_warnings(cluster: NatsCluster, *, max_lines: int = 25) -> str:
+    """The last warnings and errors of each node's log: what a failure here needs to be
+    read from CI output alone."""
+    out: list[str] = []
+    for node in cluster.nodes:
+        try:
+            lines = node.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        flagged = [line for line in lines if "[WRN]" in line or "[ERR]" in line]
+        out.append(f"--- nats-server {node.server_name}: last warnings and errors")
+        out.extend(flagged[-max_lines:])
+    return "\n".join(out)
+
+
 async def until_flushers_caught_up(
     inner: InnerStore, writers: Writers, *, timeout_s: float = 60.0
 ) -> int:
@@ -179,8 +194,24 @@ async def until_flushers_caught_up(
         flushed = await inner.flushed_seqs(writers.threads)
         if all(flushed[t] >= wanted[t] for t in writers.threads):
             return sum(flushed.values())
-        assert time.monotonic() < deadline, f"flushers stalled: flushed {flushed}, acked {wanted}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"flushers stalled: flushed {flushed}, acked {wanted}; "
+                f"{await consumer_summary(writers.store)}"
+            )
         await asyncio.sleep(0.1)
+
+
+async def consumer_summary(store: BufferedThreadRunStore) -> str:
+    """The flusher consumer as the server sees it (for a stall's failure message)."""
+    wal = store.wal
+    assert isinstance(wal, NatsWal)
+    try:
+        state = await wal.consumer_state()
+        waiting, idle = await wal.consumer_activity()
+    except StoreError as exc:
+        return f"the flusher consumer could not be read: {exc}"
+    return f"flusher consumer: {state}, pull requests waiting {waiting}, idle {idle} s"
 
 
 async def subject_entries(wal: NatsWal, stream: str, thread: str) -> list[WalEntry]:
@@ -321,6 +352,7 @@ async def test_killing_a_follower_then_the_leader_loses_no_acknowledged_checkpoi
             print(
                 f"--- flusher pid {proc.pid} exited {proc.returncode}:\n{log.read_text()[-3000:]}"
             )
+        print(server_warnings(nats_cluster))
 
     for proc in flushers:
         assert proc.returncode in (0, -15), f"a flusher exited with {proc.returncode}"
