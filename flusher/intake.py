@@ -35,6 +35,8 @@ class Intake:
         self._sub: Delivery | None = None
         self._stale = True
         self._opened = False
+        self._streaming = False
+        """The last window filled a whole batch: the next one streams (see `collect`)."""
         self.in_hand: list[Delivered] = []
         """Messages of the window being collected (or collected and not yet taken by a
         cycle): kept alive meanwhile, given back if the flusher is cancelled."""
@@ -84,18 +86,21 @@ class Intake:
     ) -> None:
         """Fetch messages into `in_hand` for one collection window of `flush_interval_s`.
 
-        One fetch waits for the window's first messages (capped at `fetch_timeout_s`: a
-        single fetch may stall for its whole timeout). The window then fills without
-        requests (the subscription's open pull request delivers what arrives; when it is
-        over, one more is opened for the rest of the window) and is drained at its end,
-        so a window costs the server a few pull requests however many messages it
-        holds. It ends early when `flush_batch_size` messages are waiting or when
-        `should_stop()` turns true (what is in hand is still returned, to be flushed).
-        While `busy()` (the previous cycle still applies, so the next one could not start
-        anyway) it goes on past `flush_interval_s`: a slow commit makes the next batch
-        bigger instead of older. A fetch error after some messages arrived ends the window
-        with those (the subscription is re-created next time); before any arrived it
-        propagates, so the caller backs off.
+        One fetch waits for the window's first message (capped at `fetch_timeout_s`: a
+        single fetch may stall for its whole timeout). Then, as long as windows do not
+        fill (the usual case), the window waits without a pull request open and is
+        drained at its end by one request the server answers with everything waiting,
+        in one burst: a window costs two pull requests, and the flusher is woken a few
+        times per window instead of once per message. After a window that filled
+        `flush_batch_size`, the next streams instead: its pull request stays open and
+        delivers what arrives (one more is opened when it is over), so it ends as soon
+        as a whole batch is waiting. Either way it ends early when `should_stop()` turns
+        true (what is in hand is still returned, to be flushed). While `busy()` (the
+        previous cycle still applies, so the next one could not start anyway) it goes on
+        past `flush_interval_s`, streaming: a slow commit makes the next batch bigger
+        instead of older, and it starts with what was written meanwhile. A fetch error
+        after some messages arrived ends the window with those (the subscription is
+        re-created next time); before any arrived it propagates, so the caller backs off.
 
         The messages stay in `in_hand` until the caller takes them with `take`.
         """
@@ -106,6 +111,7 @@ class Intake:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.flush_interval_s
         batch_size = self.config.flush_batch_size
+        streaming = self._streaming
         msgs = self.in_hand
         while not msgs and not should_stop():
             remaining = deadline - loop.time()
@@ -113,14 +119,56 @@ class Intake:
                 if not busy():
                     return  # an empty window: the caller asks again
                 remaining = BUSY_FETCH_TIMEOUT_S
-            self._add(await self._fetch(batch_size, remaining))
+            # Not streaming: a request for one message only, so none stays open once
+            # the window has begun (what is queued already is all taken).
+            first = batch_size if streaming or sub.waiting else 1
+            self._add(await self._fetch(first, remaining))
+        if streaming:
+            await self._stream(sub, deadline, should_stop, busy)
+        else:
+            while not should_stop() and len(msgs) < batch_size:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await asyncio.sleep(min(remaining, FILL_CHECK_S))
+            if busy():
+                # Due while the previous cycle still applies: stream until it ends, so
+                # the next cycle starts with everything written meanwhile.
+                await self._stream(sub, deadline, should_stop, busy)
+        if len(msgs) < batch_size:
+            try:
+                if streaming or sub.pulling:  # what the open request delivered
+                    self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
+                else:
+                    self._add(await self._drain(sub))
+            except Exception:
+                self.invalidate()  # keep what is in hand; subscribe again next time
+        self._streaming = len(msgs) >= batch_size
+
+    async def _drain(self, sub: Delivery) -> list[Delivered]:
+        """Everything waiting (up to the rest of a batch), in one burst; no pull request
+        is left open."""
+        left = self.config.flush_batch_size - len(self.in_hand)
+        return list(await sub.fetch(left, self.config.fetch_timeout_s, linger=False))
+
+    async def _stream(
+        self,
+        sub: Delivery,
+        deadline: float,
+        should_stop: Callable[[], bool],
+        busy: Callable[[], bool],
+    ) -> None:
+        """Fill the window from an open pull request until its end or a whole batch."""
+        loop = asyncio.get_running_loop()
+        batch_size = self.config.flush_batch_size
+        msgs = self.in_hand
         while not should_stop() and len(msgs) < batch_size:
             remaining = deadline - loop.time()
             if remaining > 0:
                 if sub.waiting or (not sub.pulling and remaining >= FILL_CHECK_S):
                     # Take what was delivered meanwhile (no request), and keep a pull
                     # request open for the rest of the window: without one, what is
-                    # written now would wait for the window's end, or for the next one.
+                    # written now would wait for the window's end.
                     self._add(await self._fetch(batch_size - len(msgs), remaining))
                     continue
                 await asyncio.sleep(min(remaining, FILL_CHECK_S))
@@ -128,11 +176,6 @@ class Intake:
                 self._add(await self._fetch(batch_size - len(msgs), BUSY_FETCH_TIMEOUT_S))
             else:
                 break
-        if len(msgs) < batch_size:
-            try:
-                self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
-            except Exception:
-                self.invalidate()  # keep what is in hand; subscribe again next time
 
     def _add(self, fetched: list[Delivered]) -> None:
         self.in_hand.extend(fetched)

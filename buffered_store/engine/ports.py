@@ -110,8 +110,11 @@ class Delivery(Protocol):
         and the server forgot its outstanding pull requests)."""
         ...
 
-    async def fetch(self, count: int, timeout_s: float) -> Sequence[Delivered]:
-        """Up to `count` messages, waiting at most `timeout_s` (none arrived: empty)."""
+    async def fetch(
+        self, count: int, timeout_s: float, *, linger: bool = True
+    ) -> Sequence[Delivered]:
+        """Up to `count` messages, waiting at most `timeout_s` (none arrived: empty).
+        With `linger` False: only those waiting now, and no pull request is left open."""
         ...
 
     @property

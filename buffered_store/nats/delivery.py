@@ -133,20 +133,26 @@ class NatsDelivery:
         """A pull request is open: what arrives is pushed into `queued` without a fetch."""
         return self._open(asyncio.get_running_loop().time())
 
-    async def fetch(self, count: int, timeout_s: float) -> list[NatsDelivered]:
+    async def fetch(
+        self, count: int, timeout_s: float, *, linger: bool = True
+    ) -> list[NatsDelivered]:
         """Up to `count` messages: those queued, else all the server has now, else the
         first to arrive within `timeout_s` (none: empty). When fewer than `count` are
         handed out and the caller can wait, a pull request stays open for the rest until
         `timeout_s` is over: what arrives meanwhile is queued for the next fetch, without
-        another request."""
+        another request. With `linger` False: those queued, else all the server has now
+        (waiting up to `timeout_s` for the server to send them), and no request stays
+        open."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        may_wait = timeout_s >= LINGER_AFTER_S
+        may_wait = linger and timeout_s >= LINGER_AFTER_S
         if not self._queue and not self._open(loop.time()):
             # Everything there is now (the server ends the request with a status when it
             # has sent all it had), then, if nothing was, one request that stays open.
-            await self._request(count, timeout_s, no_wait=True)
-            await self._until(lambda: not self._budget, deadline)
+            # For one message that may wait, the waiting request alone does both.
+            if count > 1 or not may_wait:
+                await self._request(count, timeout_s, no_wait=True)
+                await self._until(lambda: not self._budget, deadline)
             if not self._queue and may_wait and loop.time() < deadline:
                 await self._request(count, deadline - loop.time() + OVERLAP_S, no_wait=False)
         await self._until(lambda: bool(self._queue) or not self._open(loop.time()), deadline)

@@ -456,11 +456,14 @@ class MemoryDelivery:
         """Always True: nothing needs to stay open, a fetch takes all there is."""
         return True
 
-    async def fetch(self, count: int, timeout_s: float) -> list[MemoryDelivered]:
+    async def fetch(
+        self, count: int, timeout_s: float, *, linger: bool = True
+    ) -> list[MemoryDelivered]:
         """Up to `count` messages: those available at once, else the first ones to become
-        available (published, nak'ed, or past their ack wait) within `timeout_s`; none:
-        empty. `WalUnavailableError` when the server is down or the consumer missing; a
-        fetch waiting while the consumer is deleted returns empty, as on NATS."""
+        available (published, nak'ed, or past their ack wait) within `timeout_s` (with
+        `linger` False: none then); none: empty. `WalUnavailableError` when the server
+        is down or the consumer missing; a fetch waiting while the consumer is deleted
+        returns empty, as on NATS."""
         if self._closed:
             raise StoreClosedError("fetch from the flusher consumer: the subscription is closed")
         if count < 1:
@@ -485,7 +488,7 @@ class MemoryDelivery:
             if taken:
                 return [MemoryDelivered(wal, first, msg, n) for msg, n in taken]
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not linger:
                 return []
             due = first.next_due()  # an unacked message comes back then
             wait = remaining if due is None else min(remaining, due - now)

@@ -35,6 +35,7 @@ class ScriptedDelivery:
         self.pulling = True
         self.ends = request_ends_after_first_fetch
         self.fetches: list[tuple[int, float]] = []
+        self.lingering: list[bool] = []
         self.stale = False
 
     @property
@@ -44,10 +45,11 @@ class ScriptedDelivery:
     def queued(self) -> Sequence[Delivered]:
         return list(self.queue)
 
-    async def fetch(self, count: int, timeout_s: float) -> list[Any]:
+    async def fetch(self, count: int, timeout_s: float, *, linger: bool = True) -> list[Any]:
         self.fetches.append((count, timeout_s))
+        self.lingering.append(linger)
         taken, self.queue = self.queue[:count], self.queue[count:]
-        if len(taken) < count and timeout_s >= 0.02 and not self.pulling:
+        if len(taken) < count and timeout_s >= 0.02 and linger and not self.pulling:
             self.pulling = True
         elif len(self.fetches) == 1 and self.ends:
             self.pulling = False
@@ -64,13 +66,60 @@ class OneSubscription:
         return self.delivery
 
 
-async def test_a_window_whose_request_ends_early_opens_one_for_its_rest() -> None:
+async def streaming(delivery: ScriptedDelivery, config: FlusherConfig) -> Intake:
+    """An intake whose last window filled a whole batch (its next window streams), with
+    `delivery` then holding what the test scripted, and its calls recorded from there."""
+    script = delivery.queue
+    delivery.queue = [Msg(1000 + n) for n in range(config.flush_batch_size)]
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    await intake.collect(lambda: False)
+    assert len(intake.take()) == config.flush_batch_size
+    delivery.queue, delivery.fetches, delivery.lingering = script, [], []
+    delivery.pulling = True
+    return intake
+
+
+async def test_a_window_that_does_not_fill_asks_at_its_start_and_at_its_end_only() -> None:
+    """Below a batch per window, nothing streams: one message starts the window, and
+    its end takes everything waiting in one request left closed."""
+    delivery = ScriptedDelivery(queued=0, request_ends_after_first_fetch=False)
+    delivery.pulling = False
+    arrivals = [Msg(n) for n in range(5)]
+
+    async def fetch(count: int, timeout_s: float, *, linger: bool = True) -> list[Any]:
+        delivery.fetches.append((count, timeout_s))
+        delivery.lingering.append(linger)
+        taken, arrivals[:] = arrivals[:count], arrivals[count:]
+        return taken
+
+    delivery.fetch = fetch  # type: ignore[method-assign]
+    config = FlusherConfig(flush_interval_s=0.2, flush_batch_size=100, fetch_timeout_s=0.5)
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    await intake.collect(lambda: False)
+    assert len(intake.take()) == 5
+    assert [count for count, _ in delivery.fetches] == [1, 99]
+    assert delivery.lingering == [True, False]
+    assert delivery.fetches[1][1] == config.fetch_timeout_s  # the burst may take a while
+
+
+async def test_what_a_previous_request_queued_is_all_taken_by_the_first_fetch() -> None:
+    delivery = ScriptedDelivery(queued=3)
+    config = FlusherConfig(flush_interval_s=0.1, flush_batch_size=100)
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    await intake.collect(lambda: False)
+    assert len(intake.take()) == 3
+    assert [count for count, _ in delivery.fetches] == [100, 97]
+    assert delivery.lingering == [True, False]
+
+
+async def test_a_window_after_a_full_one_streams_whose_request_ends_early_opens_one() -> None:
     """The window's first messages came from the queue, delivered by a request of the
-    previous window that ends soon after: the window asks for one for its rest, instead
-    of leaving what is written meanwhile to its end (or to the next window)."""
+    previous window that ends soon after: a streaming window asks for one for its rest,
+    instead of leaving what is written meanwhile to its end."""
     delivery = ScriptedDelivery(queued=3)
     config = FlusherConfig(flush_interval_s=0.3, flush_batch_size=100)
-    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    intake = await streaming(delivery, config)
+    delivery.ends = True
     await intake.collect(lambda: False)
     assert len(intake.take()) == 3
     first, *during, last = delivery.fetches
@@ -80,11 +129,14 @@ async def test_a_window_whose_request_ends_early_opens_one_for_its_rest() -> Non
     assert during[0][0] == 97
     assert during[0][1] >= FILL_CHECK_S
     assert last == (97, MIN_FETCH_TIMEOUT_S)  # the drain at the window's end
+    assert all(delivery.lingering)
 
 
-async def test_a_window_with_a_request_open_fills_without_asking() -> None:
+async def test_a_streaming_window_with_a_request_open_fills_without_asking() -> None:
     delivery = ScriptedDelivery(queued=3, request_ends_after_first_fetch=False)
     config = FlusherConfig(flush_interval_s=0.2, flush_batch_size=100)
-    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    intake = await streaming(delivery, config)
+    delivery.ends = False
     await intake.collect(lambda: False)
     assert [count for count, _ in delivery.fetches] == [100, 97]
+    assert all(delivery.lingering)
