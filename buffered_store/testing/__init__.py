@@ -4,7 +4,8 @@ Inner stores (`buffered_store.testing.stores`):
 
 - `FaultyFlushTarget` wraps an inner store (for instance `InMemoryThreadRunStore`) and
   injects the failures a flusher must survive: applies that raise, hang or slow down.
-- `make_run` and `make_messages` build valid records with little typing.
+- `make_run` and `make_messages` build valid records with little typing; `make_entries`
+  a thread's WAL entries as a writer builds them.
 
 The WAL in memory (`buffered_store.testing.wal`, `buffered_store.testing.jetstream`):
 
@@ -39,7 +40,13 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.ids import utcnow
 from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.testing.jetstream import DEFAULT_MAX_PAYLOAD, MemoryJetStream
-from buffered_store.testing.stores import FaultyFlushTarget, InnerStore, make_messages, make_run
+from buffered_store.testing.stores import (
+    FaultyFlushTarget,
+    InnerStore,
+    make_entries,
+    make_messages,
+    make_run,
+)
 from buffered_store.testing.wal import MemoryBucket, MemoryDelivered, MemoryDelivery, MemoryWal
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
@@ -52,6 +59,7 @@ __all__ = [
     "MemoryDelivery",
     "MemoryJetStream",
     "MemoryWal",
+    "make_entries",
     "make_messages",
     "make_run",
     "open_memory_store",

@@ -17,9 +17,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from buffered_store.engine.flushing import ApplyOutcome
@@ -27,6 +29,7 @@ from buffered_store.errors import DatabaseUnavailableError
 from buffered_store.model.changes import (
     WalEntry,
 )
+from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.model.records import (
     CheckpointReceipt,
@@ -37,7 +40,7 @@ from buffered_store.model.records import (
 )
 from buffered_store.model.target import FlushTarget, StoredThread, VersionedRun
 
-__all__ = ["FaultyFlushTarget", "InnerStore", "make_messages", "make_run"]
+__all__ = ["FaultyFlushTarget", "InnerStore", "make_entries", "make_messages", "make_run"]
 
 
 @runtime_checkable
@@ -249,3 +252,26 @@ def make_messages(n: int, *, size: int = 0, start: int = 0) -> list[Message]:
         content = f"{index}:".ljust(size, "x") if size else f"message {index}"
         messages.append({"role": "user" if index % 2 == 0 else "assistant", "content": content})
     return messages
+
+
+def make_entries(
+    thread_id: str, count: int, *, now: datetime, first_stream_seq: int = 1
+) -> list[WalEntry]:
+    """Checkpoint entries 1..`count` of a thread, as a writer that knew each previous one
+    builds them (each a delta on the last: entry ``seq`` holds ``make_messages(seq)``
+    and a run of its own), at stream seqs `first_stream_seq`, +1, ..."""
+    out: list[WalEntry] = []
+    previous: WalEntry | None = None
+    snapshot: list[bytes] | None = None
+    for seq in range(1, count + 1):
+        call = validate_checkpoint(thread_id, make_messages(seq), make_run(thread_id), None)
+        entry = build_checkpoint_entry(
+            call,
+            previous=previous.thread if previous else None,
+            previous_messages=snapshot,
+            seq=seq,
+            now=now,
+        )
+        out.append(dataclasses.replace(entry, stream_seq=first_stream_seq + seq - 1))
+        previous, snapshot = entry, call.encoded
+    return out

@@ -22,9 +22,8 @@ from buffered_store.errors import (
 from buffered_store.model.changes import (
     WalEntry,
 )
-from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
 from buffered_store.stores.memory import InMemoryThreadRunStore
-from buffered_store.testing import FaultyFlushTarget, make_messages, make_run
+from buffered_store.testing import FaultyFlushTarget, make_entries
 from buffered_store.threadrun.entry import (
     FORMAT,
     HotRecord,
@@ -148,22 +147,7 @@ class FakeQuarantine:
 
 
 def chain(thread_id: str, count: int, first_stream_seq: int = 1) -> list[WalEntry]:
-    out: list[WalEntry] = []
-    previous: WalEntry | None = None
-    snapshot: list[bytes] | None = None
-    for seq in range(1, count + 1):
-        call = validate_checkpoint(thread_id, make_messages(seq), make_run(thread_id), None)
-        entry = build_checkpoint_entry(
-            call,
-            previous=previous.thread if previous else None,
-            previous_messages=snapshot,
-            seq=seq,
-            now=T0,
-        )
-        entry = dataclasses.replace(entry, stream_seq=first_stream_seq + seq - 1)
-        out.append(entry)
-        previous, snapshot = entry, call.encoded
-    return out
+    return make_entries(thread_id, count, now=T0, first_stream_seq=first_stream_seq)
 
 
 @dataclasses.dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -14,8 +13,7 @@ from buffered_store.engine.keys import wal_subject
 from buffered_store.model.changes import (
     WalEntry,
 )
-from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.testing import make_messages, make_run
+from buffered_store.testing import make_entries
 from buffered_store.threadrun.entry import (
     FORMAT,
     encode_entry,
@@ -37,22 +35,7 @@ BACKOFF = Backoff(0.5, 4.0)
 
 def entries(thread_id: str, count: int, *, first_stream_seq: int = 10) -> list[WalEntry]:
     """Entries 1..count of a thread at stream seqs first_stream_seq, +1, ..."""
-    out: list[WalEntry] = []
-    previous: WalEntry | None = None
-    snapshot: list[bytes] | None = None
-    for seq in range(1, count + 1):
-        call = validate_checkpoint(thread_id, make_messages(seq), make_run(thread_id), None)
-        entry = build_checkpoint_entry(
-            call,
-            previous=previous.thread if previous else None,
-            previous_messages=snapshot,
-            seq=seq,
-            now=T0,
-        )
-        entry = dataclasses.replace(entry, stream_seq=first_stream_seq + seq - 1)
-        out.append(entry)
-        previous, snapshot = entry, call.encoded
-    return out
+    return make_entries(thread_id, count, now=T0, first_stream_seq=first_stream_seq)
 
 
 def held(batch: list[WalEntry], *, delivered: int = 1) -> list[HeldSeq]:

@@ -12,8 +12,7 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.keys import wal_subject
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.model.changes import WalEntry
-from buffered_store.model.checkpointing import build_checkpoint_entry, validate_checkpoint
-from buffered_store.testing import MemoryJetStream, MemoryWal, make_messages, make_run
+from buffered_store.testing import MemoryJetStream, MemoryWal, make_entries
 from buffered_store.threadrun.entry import FORMAT, HotRecord, encode_entry
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -24,25 +23,6 @@ PENDING = 6
 """Entries above the watermark, never acknowledged."""
 
 
-def history(thread_id: str, count: int) -> list[WalEntry]:
-    """`count` checkpoints of one thread, each a delta on the previous one."""
-    out: list[WalEntry] = []
-    previous: WalEntry | None = None
-    snapshot: list[bytes] | None = None
-    for seq in range(1, count + 1):
-        call = validate_checkpoint(thread_id, make_messages(seq), make_run(thread_id), None)
-        entry = build_checkpoint_entry(
-            call,
-            previous=previous.thread if previous else None,
-            previous_messages=snapshot,
-            seq=seq,
-            now=T0,
-        )
-        out.append(entry)
-        previous, snapshot = entry, call.encoded
-    return out
-
-
 async def stream_with_a_flushed_history(
     *, settle_pending: bool
 ) -> tuple[MemoryWal, ThreadLog[WalEntry, HotRecord], list[WalEntry]]:
@@ -50,8 +30,8 @@ async def stream_with_a_flushed_history(
     settled the first `FLUSHED` of them (and the pending ones too with `settle_pending`,
     as terminating a quarantined thread's messages does)."""
     wal = MemoryWal(CONFIG, MemoryJetStream())
-    entries = history("t", FLUSHED + PENDING)
-    noise = history("other", FLUSHED + PENDING)
+    entries = make_entries("t", FLUSHED + PENDING, now=T0)
+    noise = make_entries("other", FLUSHED + PENDING, now=T0)
     stored: list[WalEntry] = []
     for i, (entry, other) in enumerate(zip(entries, noise, strict=True)):
         for e in (other, entry):
