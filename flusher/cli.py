@@ -32,6 +32,7 @@ from buffered_store.engine.entries import Format
 from buffered_store.engine.threadlog import ThreadLog
 from buffered_store.errors import BackendUnavailableError
 from buffered_store.nats import NatsWal
+from buffered_store.tasks import cancel_and_wait
 from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
 from flusher.quarantine import (
@@ -277,10 +278,7 @@ async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)  # also when `work` swallows the first cancellation
     if task.cancelled():
         return None
     return task.result()

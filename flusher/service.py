@@ -39,6 +39,7 @@ from buffered_store.errors import (
 from buffered_store.metrics_core import HistogramSnapshot
 from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.nats import NatsWal
+from buffered_store.tasks import cancel_and_wait
 from buffered_store.threadrun.entry import FORMAT
 from buffered_store.threadrun.generic import GenericFlushTarget, KvWatermarks
 from flusher.config import FlusherConfig
@@ -235,12 +236,12 @@ class Flusher:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), self.config.fetch_timeout_s + 1.0)
         if not task.done():
-            task.cancel()
+            task.cancel()  # once: its own clean-up gives the messages it holds back
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         for helper in (self._poller, self._trimming):
             if helper is not None:
-                helper.cancel()
+                await cancel_and_wait(helper)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await helper
         if self._intake is not None:
@@ -398,7 +399,7 @@ class Flusher:
                 Settle.NAK,
                 self.config.requeue_delay_s,
             )
-            keepalive.cancel()
+            await cancel_and_wait(keepalive)
             with contextlib.suppress(asyncio.CancelledError):
                 await keepalive
             self._count_cpu()

@@ -75,6 +75,39 @@ async def test_stop_ends_an_attempt_that_never_returns() -> None:
     assert cancelled.is_set()
 
 
+async def test_stop_ends_an_attempt_that_swallows_its_cancellation() -> None:
+    # CI failure of stop 33: SIGTERM as the TCP connection to a silent server opened.
+    # nats-py's `wait_for(open_connection(...))` returned the connection and dropped the
+    # cancellation (Python 3.11, gh-86296), then waited an hour for the INFO line. Here
+    # the attempt swallows the first cancellation the same way, then waits on.
+    stop = asyncio.Event()
+    entered = asyncio.Event()
+    cancellations = 0
+
+    async def attempt() -> str:
+        nonlocal cancellations
+        entered.set()
+        try:
+            await asyncio.Future()  # the connection opens as the cancellation arrives
+        except asyncio.CancelledError:
+            cancellations += 1  # wait_for returns the result instead of raising
+        try:
+            await asyncio.Future()  # the INFO line that never comes
+        except asyncio.CancelledError:
+            cancellations += 1
+            raise
+        return "never"
+
+    starting = asyncio.ensure_future(start_patiently(attempt, stop, "start"))
+    await entered.wait()
+    stop.set()
+    # Not `asyncio.timeout`: its cancellation would reach the attempt through `starting`.
+    await asyncio.wait({starting}, timeout=5)
+    assert starting.done(), "start_patiently still waits on an attempt it cancelled once"
+    assert starting.result() is None
+    assert cancellations == 2
+
+
 async def test_refused_credentials_are_not_retried() -> None:
     calls = 0
 
