@@ -19,6 +19,11 @@ the step latency (from the writes' call to the checkpoint's return) and the clie
 
 Compare two commits by running it alternately from two checkouts and taking the ratio
 run by run: one run is noisy on a shared machine.
+
+``--floor N`` first times N bare JetStream publishes through nats-py, one at a time, of
+a step's WAL entry size (``--floor-bytes``): the wall time and the client's user and
+system CPU of the one round trip a buffered step cannot do without, next to the saver's
+figures (``floor_*`` keys).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import cProfile
 import json
 import os
 import random
+import resource
 import time
 import uuid
 from typing import Any, cast
@@ -187,6 +193,42 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def publish_floor(url: str, *, count: int, size: int) -> dict[str, float]:
+    """`count` bare nats-py JetStream publishes of `size` bytes, one at a time, on a file
+    stream of their own (deleted after), after a tenth as many unmeasured: microseconds
+    per publish of wall time, user CPU and system CPU (the socket calls)."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    name = f"FLOOR_{uuid.uuid4().hex[:8]}"
+    body = b"x" * size
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(
+            StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE)
+        )
+        try:
+            for i in range(max(1, count // 10)):
+                await js.publish(f"{name}.{i % 64}", body)
+            before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for i in range(count):
+                await js.publish(f"{name}.{i % 64}", body)
+            wall = time.perf_counter() - wall
+            after = resource.getrusage(resource.RUSAGE_SELF)
+        finally:
+            await js.delete_stream(name)
+    finally:
+        await nc.close()
+    return {
+        "floor_publishes": count,
+        "floor_bytes": size,
+        "floor_wall_us": round(1e6 * wall / count, 1),
+        "floor_user_us": round(1e6 * (after.ru_utime - before.ru_utime) / count, 1),
+        "floor_sys_us": round(1e6 * (after.ru_stime - before.ru_stime) / count, 1),
+    }
+
+
 async def _delete_objects(url: str, config: LangGraphConfig) -> None:
     import nats
 
@@ -213,7 +255,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         server.start()
         url = server.url
     try:
-        return await measure(url, args)
+        floor = {}
+        if args.floor:
+            floor = await publish_floor(url, count=args.floor, size=args.floor_bytes)
+        return {**await measure(url, args), **floor}
     finally:
         if server is not None:
             server.close()
@@ -233,6 +278,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="paced: steps/s over all threads (each thread's steps at its own slots; the "
         "wait is left out of the latency); default closed loop",
+    )
+    p.add_argument(
+        "--floor",
+        type=int,
+        default=0,
+        help="first time this many bare JetStream publishes, one at a time (the floor)",
+    )
+    p.add_argument(
+        "--floor-bytes",
+        type=int,
+        default=3000,
+        help="payload of the floor's publishes (about a step's WAL entry in the langgraph "
+        "scenario)",
     )
     p.add_argument("--profile", help="write a cProfile of the measured steps to this file")
     p.add_argument("--json", help="append the run's figures to this file, one JSON line")

@@ -1,0 +1,29 @@
+"""The `profile_langgraph` probe's floor: bare JetStream publishes, timed, cleaned up."""
+
+from __future__ import annotations
+
+import nats
+from nats.js.errors import NotFoundError
+
+from benchmarks.profile_langgraph import parse, publish_floor
+
+
+async def test_publish_floor_times_publishes_and_deletes_its_stream(nats_url: str) -> None:
+    figures = await publish_floor(nats_url, count=40, size=300)
+    assert figures["floor_publishes"] == 40
+    assert figures["floor_bytes"] == 300
+    assert figures["floor_wall_us"] > 0
+    assert figures["floor_user_us"] + figures["floor_sys_us"] > 0
+    nc = await nats.connect(nats_url)
+    try:
+        names = [info.config.name for info in await nc.jetstream().streams_info()]
+    except NotFoundError:
+        names = []
+    finally:
+        await nc.close()
+    assert not [name for name in names if name and name.startswith("FLOOR_")]
+
+
+def test_floor_is_off_unless_asked() -> None:
+    assert parse([]).floor == 0
+    assert parse(["--floor", "500", "--floor-bytes", "100"]).floor_bytes == 100
