@@ -164,12 +164,20 @@ class SaverReads(BasePostgresSaver):
             stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
             at_parents: list[overlay.ParentWrite] = []
         else:
-            stored_blobs, (stored_writes, stored_parents), at_parents = await asyncio.gather(
-                self.sink.blobs(thread_id, blob_keys),
-                self.sink.writes(thread_id, write_keys),
-                self.sink.parent_writes(thread_id, parents, overlay.tail_write_keys(tail, parents)),
+            # One round trip on one connection for the three kinds of rows.
+            stored = await self.sink.tail_rows(
+                thread_id,
+                blob_keys=blob_keys,
+                write_keys=write_keys,
+                parents=parents,
+                touched=overlay.tail_write_keys(tail, parents),
             )
-            overlay.keep_stored_parents(chosen, stored_parents)
+            stored_blobs, stored_writes, at_parents = (
+                stored.blobs,
+                stored.writes,
+                stored.at_parents,
+            )
+            overlay.keep_stored_parents(chosen, stored.parents)
             if missing := sorted(set(overlay.sends_to_assemble(chosen, tail)) - set(parents)):
                 # A checkpoint put again over a stored one with another parent (rare).
                 parents = [*parents, *missing]

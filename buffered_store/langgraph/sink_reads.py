@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -20,6 +22,7 @@ from psycopg.rows import DictRow
 
 from buffered_store.langgraph.entry import Copy
 from buffered_store.langgraph.flushplan import WATERMARKS
+from buffered_store.langgraph.overlay import BlobKey, ParentWrite, StoredWrite, WriteKey
 
 Connection = psycopg.AsyncConnection[DictRow]
 
@@ -48,6 +51,45 @@ CODE_POINT_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8", "C.UTF8", "C.
 COLLATION_SQL = "SELECT to_jsonb(d) AS db FROM pg_database d WHERE datname = current_database()"
 """The database's default collation, through ``to_jsonb`` so that columns a version
 lacks (``datlocprovider`` before 15, ``datlocale`` before 17) are just missing."""
+
+BLOBS_SQL = """
+SELECT checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs
+WHERE thread_id = %s AND (checkpoint_ns, channel, version) IN
+    (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))"""
+
+WRITES_SQL = """
+SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+FROM checkpoint_writes WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN
+    (SELECT * FROM unnest(%s::text[], %s::text[]))"""
+
+STORED_PARENTS_SQL = """
+SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints
+WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN
+    (SELECT * FROM unnest(%s::text[], %s::text[]))"""
+
+
+WRITE_COLUMNS = ("task_id", "idx", "channel", "type", "blob", "task_path")
+STORED_WRITE = itemgetter(*WRITE_COLUMNS)
+"""A checkpoint_writes row as a `StoredWrite`."""
+PARENT_WRITE = itemgetter("checkpoint_ns", "checkpoint_id", *WRITE_COLUMNS)
+"""A checkpoint_writes row as a `ParentWrite`."""
+HISTORY_WRITE = itemgetter("checkpoint_id", *WRITE_COLUMNS)
+"""A checkpoint_writes row as `history_writes` gives it."""
+
+
+@dataclass(slots=True)
+class TailRows:
+    """The stored rows an overlay read needs besides the checkpoints (`tail_rows`)."""
+
+    blobs: dict[BlobKey, tuple[str, bytes | None]] = field(default_factory=dict)
+    """(ns, channel, version) -> (type, blob)."""
+    writes: dict[WriteKey, list[StoredWrite]] = field(default_factory=dict)
+    """(ns, checkpoint id) -> its stored writes."""
+    parents: dict[WriteKey, str | None] = field(default_factory=dict)
+    """(ns, checkpoint id) -> parent id, of the checkpoints asked for that are stored."""
+    at_parents: list[ParentWrite] = field(default_factory=list)
+    """The writes at the parents asked for (`parent_writes`)."""
+
 
 HISTORY_WRITES_SQL = """
 SELECT checkpoint_id, task_id, idx, channel, type, blob, task_path FROM checkpoint_writes
@@ -114,84 +156,81 @@ class SinkReads:
         self, thread_id: str, wanted: Sequence[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], tuple[str, bytes | None]]:
         """(ns, channel, version) -> (type, blob) of stored blobs."""
-        if not wanted:
-            return {}
-        async with self.connection("read blobs") as conn, conn.cursor(binary=True) as cur:
-            await cur.execute(
-                "SELECT checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs "
-                "WHERE thread_id = %s AND (checkpoint_ns, channel, version) IN "
-                "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))",
-                (thread_id, *[list(col) for col in zip(*wanted, strict=True)]),
-            )
-            return {
-                (r["checkpoint_ns"], r["channel"], r["version"]): (r["type"], r["blob"])
-                for r in await cur.fetchall()
-            }
+        return (await self.tail_rows(thread_id, blob_keys=wanted)).blobs
 
     async def writes(
         self, thread_id: str, keys: Sequence[tuple[str, str]]
     ) -> tuple[
-        dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]],
+        dict[tuple[str, str], list[StoredWrite]],
         dict[tuple[str, str], str | None],
     ]:
         """For checkpoints (ns, checkpoint id) of unflushed puts, in one round trip: their
         stored writes, (ns, id) -> [(task_id, idx, channel, type, blob, task_path)], and
         the parents of those already stored (a put again keeps its first parent)."""
-        if not keys:
-            return {}, {}
-        args = (thread_id, [k[0] for k in keys], [k[1] for k in keys])
-        out: dict[tuple[str, str], list[tuple[str, int, str, str, bytes | None, str]]] = {}
-        async with self.connection("read writes") as conn:
-            async with conn.pipeline():
-                writes = conn.cursor(binary=True)
-                await writes.execute(
-                    "SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, "
-                    "task_path FROM checkpoint_writes WHERE thread_id = %s AND "
-                    "(checkpoint_ns, checkpoint_id) IN "
-                    "(SELECT * FROM unnest(%s::text[], %s::text[]))",
-                    args,
-                )
-                parents = conn.cursor(binary=True)
-                await parents.execute(
-                    "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints "
-                    "WHERE thread_id = %s AND (checkpoint_ns, checkpoint_id) IN "
-                    "(SELECT * FROM unnest(%s::text[], %s::text[]))",
-                    args,
-                )
-            for r in await writes.fetchall():
-                out.setdefault((r["checkpoint_ns"], r["checkpoint_id"]), []).append(
-                    (r["task_id"], r["idx"], r["channel"], r["type"], r["blob"], r["task_path"])
-                )
-            stored = {
-                (r["checkpoint_ns"], r["checkpoint_id"]): r["parent_checkpoint_id"]
-                for r in await parents.fetchall()
-            }
-        return out, stored
+        rows = await self.tail_rows(thread_id, write_keys=keys)
+        return rows.writes, rows.parents
 
     async def parent_writes(
         self, thread_id: str, parents: Sequence[str], touched: Sequence[tuple[str, str, str, int]]
-    ) -> list[tuple[str, str, str, int, str, str, bytes | None, str]]:
+    ) -> list[ParentWrite]:
         """Writes at the checkpoint ids `parents` (any namespace): the ``__pregel_tasks``
         ones and those at the (ns, id, task, idx) keys `touched` by unflushed writes, as
         (ns, checkpoint id, task, idx, channel, type, blob, task_path)."""
-        if not parents:
-            return []
-        columns = [list(col) for col in zip(*touched, strict=True)] if touched else [[]] * 4
-        async with self.connection("read sends") as conn, conn.cursor(binary=True) as cur:
-            await cur.execute(PARENT_WRITES_SQL, (thread_id, list(parents), *columns))
-            return [
-                (
-                    r["checkpoint_ns"],
-                    r["checkpoint_id"],
-                    r["task_id"],
-                    r["idx"],
-                    r["channel"],
-                    r["type"],
-                    r["blob"],
-                    r["task_path"],
-                )
-                for r in await cur.fetchall()
-            ]
+        return (await self.tail_rows(thread_id, parents=parents, touched=touched)).at_parents
+
+    async def tail_rows(
+        self,
+        thread_id: str,
+        *,
+        blob_keys: Sequence[tuple[str, str, str]] = (),
+        write_keys: Sequence[tuple[str, str]] = (),
+        parents: Sequence[str] = (),
+        touched: Sequence[tuple[str, str, str, int]] = (),
+    ) -> TailRows:
+        """What an overlay read takes from Postgres besides the checkpoint rows, in one
+        round trip on one connection: the statements of `blobs`, `writes` and
+        `parent_writes` with something to ask, in a pipeline (none: no connection)."""
+        out = TailRows()
+        if not (blob_keys or write_keys or parents):
+            return out
+        async with self.connection("read the tail's rows") as conn:
+            async with conn.pipeline():
+                blobs = writes = stored = at_parents = None
+                if blob_keys:
+                    blobs = conn.cursor(binary=True)
+                    columns = [list(col) for col in zip(*blob_keys, strict=True)]
+                    await blobs.execute(BLOBS_SQL, (thread_id, *columns))
+                if write_keys:
+                    keyed = (thread_id, [k[0] for k in write_keys], [k[1] for k in write_keys])
+                    writes, stored = conn.cursor(binary=True), conn.cursor(binary=True)
+                    await writes.execute(WRITES_SQL, keyed)
+                    await stored.execute(STORED_PARENTS_SQL, keyed)
+                if parents:
+                    at_parents = conn.cursor(binary=True)
+                    columns = (
+                        [list(col) for col in zip(*touched, strict=True)] if touched else [[]] * 4
+                    )
+                    await at_parents.execute(
+                        PARENT_WRITES_SQL, (thread_id, list(parents), *columns)
+                    )
+            if blobs is not None:
+                for r in await blobs.fetchall():
+                    out.blobs[(r["checkpoint_ns"], r["channel"], r["version"])] = (
+                        r["type"],
+                        r["blob"],
+                    )
+            if writes is not None and stored is not None:
+                for r in await writes.fetchall():
+                    out.writes.setdefault((r["checkpoint_ns"], r["checkpoint_id"]), []).append(
+                        STORED_WRITE(r)
+                    )
+                for r in await stored.fetchall():
+                    out.parents[(r["checkpoint_ns"], r["checkpoint_id"])] = r[
+                        "parent_checkpoint_id"
+                    ]
+            if at_parents is not None:
+                out.at_parents = [PARENT_WRITE(r) for r in await at_parents.fetchall()]
+        return out
 
     async def pending_sends(
         self, thread_id: str, parents: Sequence[str]
@@ -224,18 +263,7 @@ class SinkReads:
         by_key = [list(col) for col in zip(*touched, strict=True)] if touched else [[], [], []]
         async with self.connection("read history") as conn, conn.cursor(binary=True) as cur:
             await cur.execute(HISTORY_WRITES_SQL, (thread_id, ns, *by_pair, *by_key))
-            return [
-                (
-                    r["checkpoint_id"],
-                    r["task_id"],
-                    r["idx"],
-                    r["channel"],
-                    r["type"],
-                    r["blob"],
-                    r["task_path"],
-                )
-                for r in await cur.fetchall()
-            ]
+            return [HISTORY_WRITE(r) for r in await cur.fetchall()]
 
     async def collation(self) -> bool:
         """Whether the database orders text by code point (read once, then cached)."""

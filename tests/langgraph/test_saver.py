@@ -340,3 +340,38 @@ async def test_reading_its_own_unflushed_thread_fetches_no_entry(
     assert found is not None
     assert found.checkpoint["channel_values"] == {"step": 5}
     assert len(asked) == 2, asked  # the KV get and the last message: no direct get by seq
+
+
+async def test_an_overlay_read_takes_the_tails_rows_in_one_round_trip(
+    saver: BufferedCheckpointSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23, item 4: a run-start read over an unflushed tail costs two database
+    round trips, one connection each: the checkpoint rows, then the stored blobs, writes
+    and parent writes the tail refers to, together (they used to take three connections
+    at once, one per kind)."""
+    tid = thread()
+    first = await put(saver, tid, items=["a", "b"])
+    await saver.aput_writes(first, [("items", ["c"])], "task-1", "")
+    await saver.force_flush(tid)  # the list's blob and the writes are now rows
+    cp = generate_checkpoint(channel_values={"items": ["a", "b"]}, channel_versions={"items": 1})
+    second = await saver.aput(
+        cast(RunnableConfig, {"configurable": {**first["configurable"]}}),
+        cp,
+        cast(CheckpointMetadata, {"source": "loop", "step": 1}),
+        {},  # no new version: the blob stays the stored one
+    )
+    await saver.aput_writes(second, [("items", ["d"])], "task-2", "")
+    opened: list[str] = []
+    connection = saver.sink.connection
+
+    def counted(what: str) -> Any:
+        opened.append(what)
+        return connection(what)
+
+    monkeypatch.setattr(saver.sink, "connection", counted)
+    found = await saver.aget_tuple(cfg(tid))
+    assert found is not None
+    assert found.config["configurable"]["checkpoint_id"] == second["configurable"]["checkpoint_id"]
+    assert found.checkpoint["channel_values"] == {"items": ["a", "b"]}  # the stored blob
+    assert [w[1:] for w in found.pending_writes or []] == [("items", ["d"])]
+    assert [w for w in opened if w != "order ids"] == ["read", "read the tail's rows"], opened
