@@ -38,6 +38,7 @@ from buffered_store.langgraph.format import (
     LgState,
 )
 from buffered_store.langgraph.sink import LangGraphSink
+from buffered_store.langgraph.sink_reads import TailRows
 from buffered_store.langgraph.validation import check_text
 
 MAX_READ_ATTEMPTS = 5
@@ -160,9 +161,7 @@ class SaverReads(BasePostgresSaver):
         blob_keys, write_keys = overlay.wanted(chosen, tail)
         parents = overlay.sends_to_assemble(chosen, tail)
         if tail.deleted:
-            stored_blobs: dict[overlay.BlobKey, tuple[str, bytes | None]] = {}
-            stored_writes: dict[overlay.WriteKey, list[overlay.StoredWrite]] = {}
-            at_parents: list[overlay.ParentWrite] = []
+            stored = TailRows()
         else:
             # One round trip on one connection for the three kinds of rows.
             stored = await self.sink.tail_rows(
@@ -172,24 +171,16 @@ class SaverReads(BasePostgresSaver):
                 parents=parents,
                 touched=overlay.tail_write_keys(tail, parents),
             )
-            stored_blobs, stored_writes, at_parents = (
-                stored.blobs,
-                stored.writes,
-                stored.at_parents,
-            )
             overlay.keep_stored_parents(chosen, stored.parents)
             if missing := sorted(set(overlay.sends_to_assemble(chosen, tail)) - set(parents)):
                 # A checkpoint put again over a stored one with another parent (rare).
                 parents = [*parents, *missing]
-                at_parents = [
-                    *at_parents,
-                    *await self.sink.parent_writes(
-                        thread_id, missing, overlay.tail_write_keys(tail, missing)
-                    ),
-                ]
-        await self._assemble_sends(chosen, tail, parents, at_parents)
+                stored.at_parents += await self.sink.parent_writes(
+                    thread_id, missing, overlay.tail_write_keys(tail, missing)
+                )
+        await self._assemble_sends(chosen, tail, parents, stored.at_parents)
         return [
-            self._to_tuple(overlay.complete(row, tail, stored_blobs, stored_writes))
+            self._to_tuple(overlay.complete(row, tail, stored.blobs, stored.writes))
             for row in chosen
         ]
 

@@ -158,18 +158,6 @@ class SinkReads:
         """(ns, channel, version) -> (type, blob) of stored blobs."""
         return (await self.tail_rows(thread_id, blob_keys=wanted)).blobs
 
-    async def writes(
-        self, thread_id: str, keys: Sequence[tuple[str, str]]
-    ) -> tuple[
-        dict[tuple[str, str], list[StoredWrite]],
-        dict[tuple[str, str], str | None],
-    ]:
-        """For checkpoints (ns, checkpoint id) of unflushed puts, in one round trip: their
-        stored writes, (ns, id) -> [(task_id, idx, channel, type, blob, task_path)], and
-        the parents of those already stored (a put again keeps its first parent)."""
-        rows = await self.tail_rows(thread_id, write_keys=keys)
-        return rows.writes, rows.parents
-
     async def parent_writes(
         self, thread_id: str, parents: Sequence[str], touched: Sequence[tuple[str, str, str, int]]
     ) -> list[ParentWrite]:
@@ -188,8 +176,10 @@ class SinkReads:
         touched: Sequence[tuple[str, str, str, int]] = (),
     ) -> TailRows:
         """What an overlay read takes from Postgres besides the checkpoint rows, in one
-        round trip on one connection: the statements of `blobs`, `writes` and
-        `parent_writes` with something to ask, in a pipeline (none: no connection)."""
+        round trip on one connection, in a pipeline of the statements with something to
+        ask (none: no connection): the stored blobs of `blob_keys`; the stored writes of
+        the checkpoints `write_keys` and the parents of those already stored (a put again
+        keeps its first parent); the writes at `parents` (`parent_writes`)."""
         out = TailRows()
         if not (blob_keys or write_keys or parents):
             return out
