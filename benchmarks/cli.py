@@ -76,6 +76,14 @@ def _scenario_command(name: str) -> click.Command:
         help="Round trip (ms) a delaying proxy adds to every Postgres connection of the "
         "sides, D/2 each way; NATS stays local (langgraph, saturate).",
     )
+    @click.option(
+        "--hot-linger-s",
+        type=click.FloatRange(min=0.0, max=10.0),
+        default=None,
+        help="hot_linger_s of the thread-run store on every buffered side: hot records "
+        "advanced in the background that many seconds after a checkpoint (default: before "
+        "checkpoint() returns).",
+    )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
         "--profile",

@@ -60,6 +60,9 @@ class Options:
     db_delay_ms: float | None = None
     """Round trip (ms) a delaying proxy adds to every Postgres connection of the sides
     (`langgraph`; `remote-db` always adds 2 ms)."""
+    hot_linger_s: float | None = None
+    """The thread-run store's `hot_linger_s` on every buffered side (None: its default,
+    the hot record advanced before `checkpoint()` returns)."""
     keep: bool = False
     profile: bool = False
     command: str = ""
@@ -250,6 +253,8 @@ class Bench:
             "consumer_name": f"bench-flusher-{token}",
             "drain_on_close": False,
         }
+        if self.options.hot_linger_s is not None:
+            settings["hot_linger_s"] = self.options.hot_linger_s
         settings.update(overrides)
         return BufferedStoreConfig(**settings)
 

@@ -64,3 +64,4 @@ class ThreadRunFields:
 
     check_snapshots: bool
     run_claim_grace_s: float
+    hot_linger_s: float | None

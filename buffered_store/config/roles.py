@@ -213,6 +213,20 @@ class ThreadRunSettings(Role):
     """How long a run id claimed by a thread that does not (yet) hold the run stays
     reserved to it: the claiming checkpoint may still be in flight (a publish buffered
     across a reconnect lands late). After that, another thread may take the run id over."""
+    hot_linger_s: float | None = None
+    """None: `checkpoint()` returns once the entry is in the WAL *and* the thread's hot
+    record is advanced (two round trips); every read on any instance, list reads
+    included, sees it then. A number: the hot record is advanced in the background that
+    many seconds later (0: at once), sharing one KV update among the thread's writes
+    meanwhile, so `checkpoint()` costs one round trip. Reads of one thread still see
+    every acknowledged checkpoint (they read the subject's last entry beside the hot
+    record); list reads of *other* instances may miss a checkpoint acknowledged less
+    than `hot_linger_s` plus a round trip earlier."""
 
     def __post_init__(self) -> None:
         check_positive(self, "run_claim_grace_s")
+        linger = self.hot_linger_s
+        if linger is not None and (
+            isinstance(linger, bool) or not isinstance(linger, int | float) or not 0 <= linger <= 10
+        ):
+            raise ConfigError(f"hot_linger_s must be None or between 0 and 10, got {linger!r}")

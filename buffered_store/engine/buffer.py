@@ -11,6 +11,7 @@ WAL). The front-end keeps only its API: building entries from its calls, and its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -22,7 +23,7 @@ from buffered_store.engine.cursors import Cursor, S, Seeded, ThreadLocks
 from buffered_store.engine.entries import E, H
 from buffered_store.engine.flushing import FlushSink
 from buffered_store.engine.ids import utcnow
-from buffered_store.engine.pending import PendingIndex
+from buffered_store.engine.pending import PendingIndex, PendingThread
 from buffered_store.engine.ports import Wal
 from buffered_store.engine.threadlog import (
     FlushProgress,
@@ -150,6 +151,34 @@ class WriteBuffer(Generic[E, H, S]):
             )
             return None
 
+    # -- the pending threads ------------------------------------------------------------
+
+    async def scan_pending(self) -> list[PendingThread[H]]:
+        """The threads with unflushed entries, sorted by id: the KV scan, with this
+        instance's own threads whose hot records are still being advanced in the
+        background, or whose update failed (`Cursor.hot_behind`), taken at their latest.
+
+        The wait for this instance's background updates is bounded (one request timeout:
+        with the KV down they would never land); another instance's write whose hot record
+        is still lingering or in flight is not seen (the next scan finds it).
+        """
+        if self.writer.background_hot:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.request_timeout_s):
+                    await self.writer.hot_updates.settled()
+        pending = {p.thread_id: p for p in await self.pending.scan()}
+        local: dict[str, H] = {}
+        for thread_id, cursor in self.writer.cursors.behind().items():
+            known = pending.get(thread_id)
+            if cursor.hot is not None and (known is None or cursor.hot.seq > known.record.seq):
+                local[thread_id] = cursor.hot
+        if local:
+            flushed = await self.sink.flushed_seqs(list(local))
+            for thread_id, record in local.items():
+                if record.seq > flushed[thread_id]:
+                    pending[thread_id] = PendingThread(thread_id, record, flushed[thread_id])
+        return [pending[t] for t in sorted(pending)]
+
     # -- flushing -----------------------------------------------------------------------
 
     async def force_flush(self, thread_id: str, *, timeout_s: float) -> int:
@@ -178,7 +207,7 @@ class WriteBuffer(Generic[E, H, S]):
         return await force_flush_all(
             self.log,
             self.sink,
-            self.pending,
+            self.scan_pending,
             timeout_s=left,
             parallel=self.flush_parallel,
             progress=progress,

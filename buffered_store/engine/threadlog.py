@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -26,7 +26,7 @@ from buffered_store.engine.entries import (
 )
 from buffered_store.engine.flushing import ApplyStatus, FlushSink
 from buffered_store.engine.keys import flushed_key, hot_key, thread_from_subject, wal_subject
-from buffered_store.engine.pending import PendingIndex
+from buffered_store.engine.pending import PendingThread
 from buffered_store.engine.ports import StoredMsg, Wal
 from buffered_store.errors import (
     ConflictError,
@@ -433,7 +433,7 @@ LISTED_NOT_FLUSHED = 10
 async def force_flush_all(
     log_: ThreadLog[E, H],
     target: FlushSink[E],
-    pending: PendingIndex[H],
+    scan: Callable[[], Awaitable[list[PendingThread[H]]]],
     *,
     timeout_s: float,
     parallel: int,
@@ -449,7 +449,7 @@ async def force_flush_all(
     done: set[str] = set()
     try:
         async with asyncio.timeout(timeout_s):
-            threads = [p.thread_id for p in await pending.scan()]
+            threads = [p.thread_id for p in await scan()]
             gate = asyncio.Semaphore(parallel)
             if progress is not None:
                 progress(0, len(threads))

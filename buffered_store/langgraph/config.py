@@ -119,7 +119,7 @@ class LangGraphFields:
     wal_format: int
 
 
-LEGACY_KNOBS = tuple(ThreadRunSettings.knob_names())
+LEGACY_KNOBS = ("check_snapshots", "run_claim_grace_s")
 """Keywords `LangGraphConfig` took before its settings were composed by role, when it
 derived from the thread-run store's configuration: accepted, ignored by the saver (as
 they always were), with a `DeprecationWarning`."""

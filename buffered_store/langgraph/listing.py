@@ -6,7 +6,6 @@ Postgres holds (``EVENTUAL``, or ``STRONG`` after flushing every pending thread)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -103,26 +102,8 @@ class SaverListing(SaverReads):
         return overlay.Order(await self.sink.collation_ranks(ids))
 
     async def _scan_pending(self) -> list[PendingThread[LgHot]]:
-        """The pending threads: the KV scan, with this saver's own threads whose hot
-        records are still being advanced in the background, or whose update failed
-        (`hot_behind`), taken at their latest (the wait for those updates is bounded:
-        with the KV down they would never land)."""
-        updates = self._buffer.writer.hot_updates
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.request_timeout_s):
-                await updates.settled()
-        pending = {p.thread_id: p for p in await self._buffer.pending.scan()}
-        local: dict[str, LgHot] = {}
-        for thread_id, cursor in self._buffer.writer.cursors.behind().items():
-            known = pending.get(thread_id)
-            if cursor.hot is not None and (known is None or cursor.hot.seq > known.record.seq):
-                local[thread_id] = cursor.hot
-        if local:
-            flushed = await self.sink.flushed_seqs(list(local))
-            for thread_id, record in local.items():
-                if record.seq > flushed[thread_id]:
-                    pending[thread_id] = PendingThread(thread_id, record, flushed[thread_id])
-        return [pending[t] for t in sorted(pending)]
+        """The pending threads (`WriteBuffer.scan_pending`)."""
+        return await self._buffer.scan_pending()
 
     async def _search(
         self, flt: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None

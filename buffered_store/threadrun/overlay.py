@@ -17,7 +17,6 @@ from buffered_store.config import BufferedStoreConfig, ReadConsistency
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.flushing import FlushStatus
 from buffered_store.engine.ids import check_id
-from buffered_store.engine.pending import PendingThread
 from buffered_store.errors import BackendUnavailableError
 from buffered_store.model.changes import (
     EntryKind,
@@ -73,17 +72,15 @@ class Overlay:
         hot, (_, last) = await asyncio.gather(
             self._log.hot(thread_id), self._log.last_entry(thread_id)
         )
-        if hot is None:
+        record = hot.record if hot is not None else None
+        if last is not None and (record is None or last.seq > record.seq):
+            # The stream is ahead of the hot record (advanced in the background, or its
+            # update lost: commit unknown): the subject's last entry is the thread's
+            # latest, and it carries the summary after it (None after a delete).
+            return last.thread
+        if record is None:
             return await self.inner.load_thread(thread_id)
-        if last is None or last.seq <= hot.record.seq:
-            return hot.record.thread
-        # The stream is ahead of the hot record: an entry whose hot-record update was lost
-        # (commit unknown). Reads go by the hot record until that entry is flushed, then
-        # by the inner store, as the other reads do (they compare with its watermark).
-        flushed = (await self.target.flushed_seqs([thread_id]))[thread_id]
-        if flushed > hot.record.seq:
-            return (await self.view(thread_id)).thread
-        return hot.record.thread
+        return record.thread
 
     async def load_messages(self, thread_id: str) -> list[Message] | None:
         """The latest message snapshot, unflushed checkpoints included."""
@@ -197,7 +194,7 @@ class Overlay:
             await self._buffer.force_flush_all(timeout_s=FLUSH_ALL_TIMEOUT_S)
         if mode is not ReadConsistency.READ_YOUR_WRITES:
             return await self.inner.list_threads(limit=limit, offset=offset)
-        overlay = {p.thread_id: p.record.thread for p in await self._buffer.pending.scan()}
+        overlay = {p.thread_id: p.record.thread for p in await self._buffer.scan_pending()}
         stored = await self.target.read_threads(limit=offset + limit + len(overlay), offset=0)
         threads = [s.thread for s in stored if s.thread and s.thread_id not in overlay]
         threads.extend(t for t in overlay.values() if t is not None)
@@ -214,23 +211,24 @@ class Overlay:
     async def view(self, thread_id: str) -> ThreadView:
         """The thread with its messages as of the latest acknowledged checkpoint."""
         cursor = self._buffer.writer.cursors.get(thread_id)
-        if cursor is not None and cursor.state is not None and not cursor.hot_behind:
+        if cursor is not None and cursor.state is not None:
             # This instance's snapshot is the latest when the subject's last entry is the
-            # one it wrote last and the hot record shows it (one direct get, no database;
-            # an entry whose hot-record update was lost is not shown until flushed).
+            # one it wrote last (one direct get, no database).
             _, last = await self._log.last_entry(thread_id)
             if last is not None and last.seq == cursor.seq:
                 return ThreadView(
                     seq=cursor.seq, thread=last.thread, messages=cursor.state, runs={}
                 )
-        hot, stored = await asyncio.gather(
-            self._log.hot(thread_id), self.target.read_thread(thread_id, with_messages=True)
+        # The subject's last entry beside the hot record: the record may lag the entries
+        # acknowledged (advanced in the background, or its update lost).
+        (hot, upto), stored = await asyncio.gather(
+            self._log.latest(thread_id), self.target.read_thread(thread_id, with_messages=True)
         )
         base = base_view(stored)
-        if hot is None or hot.record.seq <= stored.flushed_seq:
+        if upto <= stored.flushed_seq:
             return base
         entries = await self._log.entries_between(
-            thread_id, stored.flushed_seq, hot.record.seq, hot.record
+            thread_id, stored.flushed_seq, upto, hot.record if hot is not None else None
         )
         return fold(base, entries)
 
@@ -241,32 +239,33 @@ class Overlay:
 
     async def pending_runs_at(self, thread_id: str) -> tuple[Versions, int, int]:
         """`pending_runs`, and the flushed seq they are above."""
-        hot, flushed = await asyncio.gather(
-            self._log.hot(thread_id), self.target.flushed_seqs([thread_id])
+        (hot, upto), flushed = await asyncio.gather(
+            self._log.latest(thread_id), self.target.flushed_seqs([thread_id])
         )
         watermark = flushed[thread_id]
-        if hot is None:
-            return {}, 0, watermark
-        versions, deleted_at = await self.runs_above(
-            PendingThread(thread_id, hot.record, watermark)
-        )
+        record = hot.record if hot is not None else None
+        versions, deleted_at = await self.runs_above(thread_id, record, watermark, upto)
         return versions, deleted_at, watermark
 
     async def all_pending_runs(self) -> dict[str, tuple[Versions, int]]:
-        pending = await self._buffer.pending.scan()
-        found = await asyncio.gather(*(self.runs_above(p) for p in pending))
+        pending = await self._buffer.scan_pending()
+        found = await asyncio.gather(
+            *(self.runs_above(p.thread_id, p.record, p.flushed_seq, p.record.seq) for p in pending)
+        )
         return {p.thread_id: runs for p, runs in zip(pending, found, strict=True)}
 
-    async def runs_above(self, pending: PendingThread[HotRecord]) -> tuple[Versions, int]:
-        """Run versions written above the flushed seq: from the hot record when it covers
-        them (no entry read), else from the entries themselves."""
-        record, flushed = pending.record, pending.flushed_seq
-        if record.seq <= flushed:
+    async def runs_above(
+        self, thread_id: str, record: HotRecord | None, flushed: int, upto: int
+    ) -> tuple[Versions, int]:
+        """Run versions written above the flushed seq up to seq `upto`: from the hot
+        record when it reaches `upto` and covers them (no entry read), else from the
+        entries themselves."""
+        if upto <= flushed:
             return {}, 0
-        if record.covers_runs_after(flushed):
+        if record is not None and record.seq == upto and record.covers_runs_after(flushed):
             versions = {run.run_id: (run, seq) for run, seq in record.runs if seq > flushed}
             return versions, (record.deleted_seq if record.deleted_seq > flushed else 0)
-        entries = await self._log.entries_between(pending.thread_id, flushed, record.seq, record)
+        entries = await self._log.entries_between(thread_id, flushed, upto, record)
         return runs_of(entries)
 
     async def run_thread(self, run_id: str) -> str | None:
@@ -277,12 +276,12 @@ class Overlay:
     async def flush_status(self, thread_id: str) -> FlushStatus:
         """Latest acknowledged and flushed seqs of a thread."""
         check_id(thread_id, "thread_id")
-        hot = await self._log.hot(thread_id)
+        hot, upto = await self._log.latest(thread_id)
         try:
             flushed = (await self.target.flushed_seqs([thread_id]))[thread_id]
         except BackendUnavailableError:
-            flushed = await self.acknowledged_seq(thread_id, hot.record.seq if hot else 0)
-        latest = max(hot.record.seq if hot else 0, flushed)
+            flushed = await self.acknowledged_seq(thread_id, upto)
+        latest = max(upto, flushed)
         return FlushStatus(
             thread_id=thread_id,
             latest_seq=latest,

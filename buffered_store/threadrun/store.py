@@ -106,6 +106,8 @@ class BufferedThreadRunStore:
             too_large=_too_large,
             clock=clock,
             flush_parallel=16,
+            background_hot=config.hot_linger_s is not None,
+            hot_linger_s=config.hot_linger_s or 0.0,
         )
         # The engine's parts the write path uses, held directly (no layer per call).
         self._writer = self._buffer.writer
@@ -359,6 +361,20 @@ class BufferedThreadRunStore:
                 return
             await self._buffer.write(thread_id, build, [])
             self._stats["deletes"] += 1
+            written = self._writer.cursors.get(thread_id)
+            if written is not None and written.hot is not None and written.hot_behind:
+                # Hot records advanced in the background (`hot_linger_s`): reads see the
+                # delete already, but run claims judge a thread's deletes by its hot
+                # record (see `RunClaims`); deletes are rare enough to pay the second
+                # round trip. Should it fail, the background update still retries it.
+                try:
+                    await self._show_hot(thread_id, written)
+                except WalUnavailableError as exc:
+                    log.warning(
+                        "delete of a thread is in the WAL; its hot record lags (%s)",
+                        exc,
+                        extra={"action": "delete_hot_behind"},
+                    )
 
         await self._locks.run(thread_id, write)
 

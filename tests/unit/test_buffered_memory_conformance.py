@@ -3,7 +3,9 @@ conformance suite without any service, and the flusher draining a `MemoryWal`.
 
 The suite runs in the three read-consistency modes, as
 tests/integration/test_buffered_conformance.py runs them over NATS: EVENTUAL through
-`FlushedWrites` (each write returns once its thread is flushed, see that module).
+`FlushedWrites` (each write returns once its thread is flushed, see that module); and
+READ_YOUR_WRITES once more with hot records advanced in the background after a linger
+(`hot_linger_s`), so that its reads run while the hot records lag the entries.
 """
 
 from __future__ import annotations
@@ -36,15 +38,24 @@ from buffered_store.testing.conformance.pytest_suite import ThreadRunStoreSuite
 from flusher import Flusher
 
 MODES = list(ReadConsistency)
+LAGGING_HOT_S = 0.05
+"""`hot_linger_s` of the suite's run with hot records advanced in the background: longer
+than most of its tests' reads take after their writes."""
+Mode = tuple[ReadConsistency, float | None]
+"""A read consistency, and the store's `hot_linger_s`."""
 
 
-@pytest.fixture(scope="class", params=MODES, ids=lambda mode: mode.value)
-def mode(request: pytest.FixtureRequest) -> ReadConsistency:
+@pytest.fixture(
+    scope="class",
+    params=[(mode, None) for mode in MODES] + [(ReadConsistency.READ_YOUR_WRITES, LAGGING_HOT_S)],
+    ids=lambda mode: mode[0].value + ("" if mode[1] is None else "-lagging-hot"),
+)
+def mode(request: pytest.FixtureRequest) -> Mode:
     return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="class")
-async def shared_store(mode: ReadConsistency) -> AsyncIterator[ThreadRunStore]:
+async def shared_store(mode: Mode) -> AsyncIterator[ThreadRunStore]:
     store = _in_mode(mode)
     yield store
     await store.close()
@@ -58,17 +69,20 @@ class TestBufferedOverMemoryWal(ThreadRunStoreSuite):
         return shared_store
 
     @pytest.fixture
-    async def empty_store(self, mode: ReadConsistency) -> AsyncIterator[ThreadRunStore]:
+    async def empty_store(self, mode: Mode) -> AsyncIterator[ThreadRunStore]:
         store = _in_mode(mode)
         yield store
         with contextlib.suppress(Exception):
             await store.close()
 
 
-def _in_mode(mode: ReadConsistency) -> ThreadRunStore:
-    config = BufferedStoreConfig(read_consistency=mode, drain_on_close=False)
+def _in_mode(mode: Mode) -> ThreadRunStore:
+    consistency, linger = mode
+    config = BufferedStoreConfig(
+        read_consistency=consistency, drain_on_close=False, hot_linger_s=linger
+    )
     store = open_memory_store(InMemoryThreadRunStore(), config)
-    return FlushedWrites(store) if mode is ReadConsistency.EVENTUAL else store
+    return FlushedWrites(store) if consistency is ReadConsistency.EVENTUAL else store
 
 
 # -- the flusher over a MemoryWal -------------------------------------------------------------

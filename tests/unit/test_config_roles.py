@@ -66,7 +66,7 @@ WRITER = {
     "entry_cache_bytes": 33554432,
     "cursor_cache_bytes": 67108864,
 }
-THREADRUN = {"check_snapshots": False, "run_claim_grace_s": 300.0}
+THREADRUN = {"check_snapshots": False, "run_claim_grace_s": 300.0, "hot_linger_s": None}
 FLUSHER = {
     "fetch_timeout_s": 0.5,
     "max_rounds": 4,
@@ -125,6 +125,7 @@ OTHER: dict[str, Any] = {
     "database_url": "postgresql://db.example/app",
     "owner": "me",
     "wal_format": 1,
+    "hot_linger_s": 0.25,
 }
 NEEDS = {"tls_key_file": {"tls_cert_file": "/etc/client.pem"}}
 
