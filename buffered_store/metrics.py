@@ -128,6 +128,16 @@ STORE = Family(
         ),
         _c("wal_bytes", "store_wal_bytes", "Bytes of WAL entries appended."),
         _c("nats_requests", "store_nats_requests", "NATS round trips of the store."),
+        _c(
+            "hot_updates",
+            "store_hot_updates",
+            "Hot records advanced in the background (hot_linger_s).",
+        ),
+        _c(
+            "hot_updates_coalesced",
+            "store_hot_updates_coalesced",
+            "Checkpoints whose background hot record was superseded before it was written.",
+        ),
         _h(
             "checkpoint_duration_seconds",
             "store_checkpoint_duration_seconds",

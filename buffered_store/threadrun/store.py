@@ -491,7 +491,9 @@ class BufferedThreadRunStore:
         (``checkpoints_ok``; ``checkpoints_failed``, split into ``checkpoints_invalid``,
         ``_unavailable``, ``_commit_unknown``, ``_cancelled``, ``_error``), their total
         time, ``commit_unknown`` (deletes included), ``deletes``, ``cas_conflicts``,
-        ``wal_bytes`` and ``nats_requests``; gauges of the writer's cursor cache:
+        ``wal_bytes``, ``nats_requests``, and with ``hot_linger_s`` ``hot_updates`` (hot
+        records advanced in the background) and ``hot_updates_coalesced`` (checkpoints
+        whose record was superseded before it was written); gauges of the writer's cursor cache:
         ``cursor_cache_threads`` and ``cursor_cache_bytes`` (what its snapshots weigh)."""
         return {
             **self._stats,
@@ -501,6 +503,8 @@ class BufferedThreadRunStore:
             "cas_conflicts": self._writer.conflicts,
             "wal_bytes": self._writer.wal_bytes,
             "nats_requests": self.wal.requests,
+            "hot_updates": self._writer.hot_updates.updates,
+            "hot_updates_coalesced": self._writer.hot_updates.coalesced,
         }
 
     def histograms(self) -> dict[str, HistogramSnapshot]:

@@ -112,3 +112,24 @@ async def test_a_delete_shows_in_its_hot_record_before_it_returns(
     taken = await a.load_run(run_id)
     assert taken is not None
     assert taken.thread_id == taker
+
+
+async def test_checkpoints_within_a_linger_share_one_hot_record_update(
+    open_store: StoreFactory, inner_pair: InnerPair
+) -> None:
+    """Three checkpoints of a thread within the linger: one KV update (the newest record)
+    once A lets its records land, and `stats()` tells how many were saved."""
+    a = await open_store(inner_pair[0], drain_on_close=False, hot_linger_s=LINGER_S)
+    thread = tid()
+    run = make_run(thread)
+    before = a.stats()
+    for steps in (1, 2, 3):
+        await a.checkpoint(thread, make_messages(steps), run.replace(steps=steps))
+    assert await hot_record(a, thread) is None
+    await a.force_flush_all()  # lets this instance's lingering records land first
+    record = await hot_record(a, thread)
+    assert record is not None
+    assert record.seq == 3
+    after = a.stats()
+    assert after["hot_updates"] - before["hot_updates"] == 1
+    assert after["hot_updates_coalesced"] - before["hot_updates_coalesced"] == 2
