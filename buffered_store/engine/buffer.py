@@ -160,12 +160,16 @@ class WriteBuffer(Generic[E, H, S]):
 
         The wait for this instance's background updates is bounded (one request timeout:
         with the KV down they would never land); another instance's write whose hot record
-        is still lingering or in flight is not seen (the next scan finds it).
+        is still lingering or in flight is not seen (the next scan finds it). With hot
+        records advanced before `write` returns, the KV scan alone (a cursor behind then
+        is a write not acknowledged yet: its update is in flight, or it failed and the
+        cursor was dropped).
         """
-        if self.writer.background_hot:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.request_timeout_s):
-                    await self.writer.hot_updates.settled()
+        if not self.writer.background_hot:
+            return await self.pending.scan()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await self.writer.hot_updates.settled()
         pending = {p.thread_id: p for p in await self.pending.scan()}
         local: dict[str, H] = {}
         for thread_id, cursor in self.writer.cursors.behind().items():
