@@ -140,12 +140,19 @@ class NatsDelivery:
         first to arrive within `timeout_s` (none: empty). When fewer than `count` are
         handed out and the caller can wait, a pull request stays open for the rest until
         `timeout_s` is over: what arrives meanwhile is queued for the next fetch, without
-        another request. With `linger` False: those queued, else all the server has now
-        (waiting up to `timeout_s` for the server to send them), and no request stays
-        open."""
+        another request. With `linger` False: those queued and all the server has now,
+        up to `count` (waiting up to `timeout_s` for the server to send them), and no
+        request stays open."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         may_wait = linger and timeout_s >= LINGER_AFTER_S
+        if not linger and 0 < len(self._queue) < count and not self._open(loop.time()):
+            # A drain that finds some delivered already takes the rest of what the server
+            # holds too: handed only those, a collection window that began with a few
+            # queued would end with them and leave the server's backlog for a later one
+            # (an extra window of flush lag whenever writes resume after a lull).
+            await self._request(count - len(self._queue), timeout_s, no_wait=True)
+            await self._until(lambda: not self._budget, deadline)
         if not self._queue and not self._open(loop.time()):
             # Everything there is now (the server ends the request with a status when it
             # has sent all it had), then, if nothing was, one request that stays open.
