@@ -146,19 +146,17 @@ class NatsDelivery:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         may_wait = linger and timeout_s >= LINGER_AFTER_S
-        if not linger and 0 < len(self._queue) < count and not self._open(loop.time()):
-            # A drain that finds some delivered already takes the rest of what the server
-            # holds too: handed only those, a collection window that began with a few
-            # queued would end with them and leave the server's backlog for a later one
-            # (an extra window of flush lag whenever writes resume after a lull).
-            await self._request(count - len(self._queue), timeout_s, no_wait=True)
-            await self._until(lambda: not self._budget, deadline)
-        if not self._queue and not self._open(loop.time()):
-            # Everything there is now (the server ends the request with a status when it
-            # has sent all it had), then, if nothing was, one request that stays open.
-            # For one message that may wait, the waiting request alone does both.
-            if count > 1 or not may_wait:
-                await self._request(count, timeout_s, no_wait=True)
+        queued = len(self._queue)
+        if queued < count and not self._open(loop.time()):
+            # Everything there is now, up to what the queue lacks (the server ends the
+            # request with a status when it has sent all it had), then, if nothing was,
+            # one request that stays open. For one message that may wait, the waiting
+            # request alone does both. A fetch that may wait and finds some queued takes
+            # those and keeps a request open for the rest (below); a drain asks for the
+            # server's too, or a collection window that began with a few queued would
+            # end with them and leave the backlog for a later one.
+            if not linger or (not queued and (count > 1 or not may_wait)):
+                await self._request(count - queued, timeout_s, no_wait=True)
                 await self._until(lambda: not self._budget, deadline)
             if not self._queue and may_wait and loop.time() < deadline:
                 await self._request(count, deadline - loop.time() + OVERLAP_S, no_wait=False)

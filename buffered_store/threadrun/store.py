@@ -493,8 +493,9 @@ class BufferedThreadRunStore:
         time, ``commit_unknown`` (deletes included), ``deletes``, ``cas_conflicts``,
         ``wal_bytes``, ``nats_requests``, and with ``hot_linger_s`` ``hot_updates`` (hot
         records advanced in the background) and ``hot_updates_coalesced`` (checkpoints
-        whose record was superseded before it was written); gauges of the writer's cursor cache:
-        ``cursor_cache_threads`` and ``cursor_cache_bytes`` (what its snapshots weigh)."""
+        whose record was superseded before it was written); gauges of the writer's
+        cursor cache: ``cursor_cache_threads`` and ``cursor_cache_bytes`` (what its
+        snapshots weigh)."""
         return {
             **self._stats,
             "cursor_cache_threads": len(self._writer.cursors),
