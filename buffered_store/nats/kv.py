@@ -8,13 +8,16 @@ import asyncio
 from collections.abc import Sequence
 
 import nats.js.errors as jse
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.kv import KeyValue
 
 from buffered_store.engine.ports import AgedValue, KvValue, StoredMsg
 from buffered_store.errors import ConflictError, WalObjectMissingError
 from buffered_store.nats.errors import KV_WRONG_LAST, translated
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, WalHandles
-from buffered_store.nats.scan import scan_by_consumer, stored_msg
+from buffered_store.nats.scan import live_keys, scan_by_consumer, stored_msg
 
 SCAN_DIRECT_GETS = 8
 """Hot records a scan reads with direct gets before it sets up a consumer for the rest."""
@@ -176,9 +179,23 @@ async def kv_entry(kv: KeyValue, key: str) -> KvValue | None:
 class NatsBucket:
     """A JetStream KV bucket as the engine's `Bucket` port."""
 
-    def __init__(self, kv: KeyValue, what: str) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        bucket: str,
+        what: str,
+        *,
+        js: JetStreamContext,
+        nc: Client,
+        timeout_s: float,
+    ) -> None:
         self._kv = kv
         self._what = what
+        self._stream = KV_STREAM_TEMPLATE.format(bucket=bucket)
+        self._head = KV_PRE_TEMPLATE.format(bucket=bucket)
+        self._js = js
+        self._nc = nc
+        self._timeout_s = timeout_s
 
     async def get(self, key: str) -> KvValue | None:
         """A key's value and revision, or None when absent or deleted."""
@@ -208,9 +225,8 @@ class NatsBucket:
             await self._kv.delete(key)
 
     async def keys(self) -> list[str]:
-        """Every live key."""
+        """Every live key (`scan.live_keys`: one consumer, no guess at the end)."""
         async with translated(f"list the {self._what}"):
-            try:
-                return list(await self._kv.keys())
-            except jse.NoKeysError:
-                return []
+            return await live_keys(
+                self._js, self._nc, self._stream, self._head, timeout_s=self._timeout_s
+            )

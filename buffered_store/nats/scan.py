@@ -44,23 +44,61 @@ async def scan_by_consumer(
     stream's end), through an ephemeral in-memory consumer (deleted after; the server
     drops it by itself if this process dies first). `timeout_s`: the longest wait for
     one batch."""
-    info = await js.add_consumer(
-        stream,
-        ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=from_seq,
-            filter_subject=subject,
-            ack_policy=AckPolicy.NONE,
-            mem_storage=True,
-            num_replicas=1,
-            inactive_threshold=SCAN_CONSUMER_IDLE_S,
-        ),
+    wanted = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
+    return await _scan(
+        js, nc, stream, subject, wanted, head, from_seq, last, times, timeout_s, until_empty=False
     )
+
+
+async def live_keys(
+    js: JetStreamContext, nc: Client, stream: str, head: str, *, timeout_s: float
+) -> list[str]:
+    """The keys of a KV bucket (its stream `stream`, key subjects under `head`) whose
+    latest message holds a value, in stream order: a last-per-subject consumer drained
+    until a pull request of the server's says nothing is left.
+
+    Not nats-py's ``KeyValue.keys``: its watcher decides that the listing is complete
+    from a consumer-info answer compared with what its callback has seen so far, so a
+    delivery still on its way counts as absent, and under a busy event loop a bucket
+    with keys lists none (nats.py issue 842). Here only the server ends a listing.
+    Delete and purge markers hold no value, nor does a key written with an empty one:
+    neither is listed.
+    """
+    wanted = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    found = await _scan(
+        js, nc, stream, f"{head}>", wanted, head, 1, 0, None, timeout_s, until_empty=True
+    )
+    return list(dict.fromkeys(m.subject for m in found))
+
+
+async def _scan(
+    js: JetStreamContext,
+    nc: Client,
+    stream: str,
+    subject: str | None,
+    wanted: ConsumerConfig,
+    head: str,
+    from_seq: int,
+    last: int,
+    times: dict[int, float] | None,
+    timeout_s: float,
+    *,
+    until_empty: bool,
+) -> list[StoredMsg]:
+    """`wanted`'s delivery through an ephemeral ack-less consumer, drained by `_pull_all`."""
+    wanted.filter_subject = subject
+    wanted.ack_policy = AckPolicy.NONE
+    wanted.mem_storage = True
+    wanted.num_replicas = 1
+    wanted.inactive_threshold = SCAN_CONSUMER_IDLE_S
+    info = await js.add_consumer(stream, wanted)
     assert info.name is not None
     try:
         if not info.num_pending:
             return []
-        return await _pull_all(nc, stream, info.name, from_seq, head, last, times, timeout_s)
+        return await _pull_all(
+            nc, stream, info.name, from_seq, head, last, times, timeout_s, until_empty
+        )
     finally:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             await js.delete_consumer(stream, info.name)
@@ -75,11 +113,14 @@ async def _pull_all(
     last: int,
     times: dict[int, float] | None,
     timeout_s: float,
+    until_empty: bool,
 ) -> list[StoredMsg]:
     """Drain an ack-less consumer through one inbox: pull requests of `SCAN_BATCH`
     answered into a subscription callback, no per-message waiting (a quarter of the
     client CPU of `fetch`). Stops at `last` (0: where the stream ended when the
-    consumer was made)."""
+    consumer was made); with `until_empty`, only when a request finds nothing left,
+    never on a message's own count of what follows it (which a write landing meanwhile
+    can make zero too early)."""
     found: list[StoredMsg] = []
     seq = from_seq - 1
     done = False
@@ -109,7 +150,7 @@ async def _pull_all(
             done = True
         elif msg.data:
             found.append(StoredMsg(seq, msg.subject[len(head) :], msg.data))
-        if pending == 0 or (last and seq >= last):
+        if (pending == 0 and not until_empty) or (last and seq >= last):
             done = True
         if done or received >= wanted:
             batch_over.set()

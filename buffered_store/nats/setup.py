@@ -77,7 +77,7 @@ class WalSetup(WalHandles):
                 await confirm_stream(self)
             self._hot = await self._ensure_bucket(self.config.hot_bucket, history=1)
             quarantine = await self._ensure_bucket(self.config.quarantine_bucket, history=1)
-            self._quarantine = NatsBucket(quarantine, "quarantine bucket")
+            self._quarantine = self._quarantine_bucket(quarantine)
             await self._ensure_consumer()
 
     async def open_objects(self) -> None:
@@ -108,9 +108,19 @@ class WalSetup(WalHandles):
             self._hot = self._bucket_handle(hot, cfg.hot_bucket)
             with contextlib.suppress(jse.BucketNotFoundError, jse.NotFoundError):
                 quarantine = await self._js.key_value(cfg.quarantine_bucket)
-                self._quarantine = NatsBucket(
-                    self._bucket_handle(quarantine, cfg.quarantine_bucket), "quarantine bucket"
+                self._quarantine = self._quarantine_bucket(
+                    self._bucket_handle(quarantine, cfg.quarantine_bucket)
                 )
+
+    def _quarantine_bucket(self, kv: KeyValue) -> NatsBucket:
+        return NatsBucket(
+            kv,
+            self.config.quarantine_bucket,
+            "quarantine bucket",
+            js=self._js,
+            nc=self._nc,
+            timeout_s=self.config.request_timeout_s,
+        )
 
     async def _ensure_stream(self) -> None:
         wanted = self._stream_config()
