@@ -11,14 +11,19 @@ state they share (`handles`); this one opens and closes the connection.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+from buffered_store.backoff import Backoff
 from buffered_store.config import EngineConfig
+from buffered_store.errors import WalUnavailableError
 from buffered_store.nats.connection import Reconnect, open_client
 from buffered_store.nats.kv import HotKv
 from buffered_store.nats.setup import WalSetup
 from buffered_store.nats.stream import WalStream
+
+log = logging.getLogger("buffered_store.nats")
 
 
 class NatsWal(WalSetup, WalStream, HotKv):
@@ -43,9 +48,13 @@ class NatsWal(WalSetup, WalStream, HotKv):
         bucket); ``"none"`` touches no server object, for handles that only read the
         stream.
 
-        The first connection must stand within `connect_timeout_s` (default
-        ``config.connect_timeout_s``; `WalUnavailableError` naming the server after it);
-        refused credentials or TLS raise `WalAccessDeniedError` at once. ``reconnect``:
+        The first connection and the set-up must stand within `connect_timeout_s`
+        (default ``config.connect_timeout_s``; `WalUnavailableError` naming the server
+        after it); refused credentials or TLS raise `WalAccessDeniedError` at once. A
+        set-up that JetStream does not answer (a cluster electing its meta or stream
+        leader, a server still recovering its streams) is tried again within that
+        budget; one it refuses (`ConfigError`, `WalRefusedError`, a missing object) is
+        not. ``reconnect``:
         ``"forever"`` (default: stores and flushers) reconnects after any later loss;
         ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, tries
         each server once, without retries, and logs nothing (a one-shot health check).
@@ -57,15 +66,34 @@ class NatsWal(WalSetup, WalStream, HotKv):
         runs right after the stream is opened, before anything else is created (a
         flusher judges an untagged stream there).
         """
+        budget_s = connect_timeout_s
+        if budget_s is None:
+            budget_s = config.connection.connect_timeout_s
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(initial_s=0.1, max_s=1.0, budget_s=budget_s)
+        backoff.left(loop.time())  # one deadline for the connection and the set-up
         nc = await open_client(
-            config.connection, name=name, reconnect=reconnect, timeout_s=connect_timeout_s
+            config.connection, name=name, reconnect=reconnect, timeout_s=budget_s
         )
         wal = cls(nc, config, front_end=front_end)
         try:
-            if setup == "ensure":
-                await wal.ensure_objects(confirm_stream)
-            elif setup == "open":
-                await wal.open_objects()
+            while setup != "none":
+                try:
+                    await (
+                        wal.ensure_objects(confirm_stream)
+                        if setup == "ensure"
+                        else wal.open_objects()
+                    )
+                    break
+                except WalUnavailableError as exc:
+                    wait = None if reconnect == "probe" else backoff.next_wait(loop.time())
+                    if wait is None:
+                        raise WalUnavailableError(
+                            f"{exc} (JetStream did not answer the set-up within {budget_s:g} s, "
+                            f"{backoff.attempts} attempt(s))"
+                        ) from exc
+                    log.info("JetStream did not answer the set-up (%s); trying again", exc)
+                    await asyncio.sleep(wait)
         except BaseException:
             await nc.close()
             raise
