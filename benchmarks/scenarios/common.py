@@ -78,12 +78,14 @@ def judge_round_trips(buffered: dict[str, Any], suffix: str = "") -> dict[str, A
 
 def backlog_trend(side: dict[str, Any]) -> float | None:
     """Entries/s the WAL backlog gained over the second half of the writes: the slope of
-    its troughs (see `flush.backlog_figures`), or of every sample when the half is too
-    short for three troughs (quick runs) or the results predate them."""
-    slope = side_get(side, "flush", "backlog", "trough_slope_per_s_second_half")
-    if slope is None:
-        slope = side_get(side, "flush", "backlog", "slope_per_s_second_half")
-    return slope  # type: ignore[no-any-return]
+    its troughs (see `flush.backlog_figures`); None when the half was too short for three
+    troughs (a closed loop of a couple of seconds: a slope of every sample would measure
+    where the samples fell in the sawtooth, not a trend). The slope of every sample only
+    for results that predate the troughs."""
+    backlog = side_get(side, "flush", "backlog") or {}
+    if "trough_slope_per_s_second_half" in backlog:
+        return backlog["trough_slope_per_s_second_half"]  # type: ignore[no-any-return]
+    return backlog.get("slope_per_s_second_half")
 
 
 def backlog_growing(slope_per_s: float | None, rate_per_s: float) -> bool:

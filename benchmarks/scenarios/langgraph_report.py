@@ -272,21 +272,31 @@ def judge(phases: dict[str, dict[str, Any]], *, delay_ms: float) -> list[dict[st
 
 def judge_rate(phases: dict[str, dict[str, Any]], *, suffix: str) -> dict[str, Any]:
     """Closed-loop steps/s, buffered over AsyncPostgresSaver (>= 3), counted only while
-    the flusher keeps up: a flat backlog and a drain under 2 s after the writes."""
+    the flusher keeps up: the rate is the durable one (steps over the writes and the drain
+    after them: the time until the last step was in Postgres, which a flusher slower than
+    the writers stretches to its own pace), the drain under 2 s and the backlog not
+    growing (judged only when the closed loop was long enough for a trend)."""
     b, d = phases["buffered_max"], phases["direct_max"]
     b_rate, d_rate = b.get("throughput_per_s"), d.get("throughput_per_s")
-    r = ratio(b_rate, d_rate)
     drain = side_get(b, "flush", "drain_s")
+    steps, write_s = b.get("steps"), b.get("write_seconds")
+    durable = steps / (write_s + drain) if steps and write_s and drain is not None else None
+    r = ratio(durable, d_rate)
     flat = side_get(b, "flush", "backlog_flat")
     slope = side_get(b, "flush", "backlog_trend_per_s")
     kept_up = drain is not None and drain < DRAIN_LIMIT_S and flat is not False
-    backlog = {True: "flat", False: "growing", None: "trend unknown (too few samples)"}[flat]
+    backlog = {
+        True: "flat",
+        False: "growing",
+        None: "trend not judged (under three troughs in the second half of the writes)",
+    }[flat]
     return target(
         "lg_remote_rate",
-        f"buffered {fmt(b_rate, 'rate')}/s vs AsyncPostgresSaver {fmt(d_rate, 'rate')}/s; "
-        f"backlog {backlog} (trend {fmt(slope)} entries/s, max "
-        f"{fmt(side_get(b, 'flush', 'backlog', 'max'), 'int')}), drain after the writes "
-        f"{fmt(drain, 's')} s (limit {DRAIN_LIMIT_S:g} s)",
+        f"buffered {fmt(durable, 'rate')}/s durable ({fmt(steps, 'int')} steps in "
+        f"{fmt(write_s, 's')} s of writes + {fmt(drain, 's')} s of drain; limit "
+        f"{DRAIN_LIMIT_S:g} s; {fmt(b_rate, 'rate')}/s written) vs AsyncPostgresSaver "
+        f"{fmt(d_rate, 'rate')}/s; backlog {backlog} (trend {fmt(slope)} entries/s, max "
+        f"{fmt(side_get(b, 'flush', 'backlog', 'max'), 'int')})",
         ratio=r,
         met=None if r is None else r >= 3 and kept_up,
         suffix=suffix,
@@ -416,7 +426,11 @@ def methods(delay_ms: float) -> dict[str, str]:
         "cpu_per_entry_s stat, summed over its cycles (cycles). Drain: from the last run's "
         "return until the consumer's backlog is 0. Backlog trend: the slope of the "
         "backlog's troughs over the second half of the writes (see 'backlog'); flat while "
-        "within 1% of the rate of WAL entries (steps/s x entries per step)",
+        "within 1% of the rate of WAL entries (steps/s x entries per step); not judged "
+        "when that half holds fewer than three troughs (a closed loop of a few seconds). "
+        "Closed-loop rate behind a slower link: durable steps/s, the phase's steps over "
+        "its writes plus the drain after them (a flusher slower than the writers stretches "
+        "the drain to its own pace)",
     }
     if delay_ms > 0:
         out["link"] = (

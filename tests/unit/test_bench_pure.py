@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from benchmarks.flush import backlog_figures
     from benchmarks.harness import Bench, Options
     from benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
-    from benchmarks.scenarios.common import backlog_growing
+    from benchmarks.scenarios.common import backlog_growing, backlog_trend
     from benchmarks.scenarios.curve import maximum
     from benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -47,7 +47,7 @@ else:
     from buffered_store.benchmarks.flush import backlog_figures
     from buffered_store.benchmarks.harness import Bench, Options
     from buffered_store.benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
-    from buffered_store.benchmarks.scenarios.common import backlog_growing
+    from buffered_store.benchmarks.scenarios.common import backlog_growing, backlog_trend
     from buffered_store.benchmarks.scenarios.curve import maximum
     from buffered_store.benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -212,6 +212,20 @@ def test_backlog_trend_of_a_sawtooth_reads_its_troughs() -> None:
     t, growing = sawtooth(50.0)
     figures = backlog_figures(t, growing, writes_end_s=20.0, warm_s=2.0)
     assert figures["trough_slope_per_s_second_half"] == pytest.approx(50.0, rel=0.05)
+
+
+def test_a_backlog_too_short_for_three_troughs_has_no_trend() -> None:
+    # A flat sawtooth for 2.1 s, sampled every 0.27 s: the slope of every sample over
+    # the second half is where the samples fell in the last flush windows (here +119
+    # entries/s), which a short closed loop used to report as a growing backlog.
+    t = [i * 0.27 for i in range(8)]
+    flat = [800 * (x % 0.5) * 2 + 200 for x in t]
+    figures = backlog_figures(t, flat, writes_end_s=2.1, warm_s=0.42)
+    assert figures["trough_slope_per_s_second_half"] is None
+    assert figures["slope_per_s_second_half"] > 100
+    assert backlog_trend({"flush": {"backlog": figures}}) is None
+    old_results = {"slope_per_s_second_half": 12.0}  # before troughs were kept
+    assert backlog_trend({"flush": {"backlog": old_results}}) == 12.0
 
 
 def test_backlog_trend_ignores_where_the_sampling_falls_in_the_cycle() -> None:
@@ -409,6 +423,7 @@ def lg_phase(
     rate: float = 100.0,
     drain: float | None = None,
     flat: bool | None = None,
+    write_s: float = 20.0,
 ) -> dict[str, Any]:
     return {
         "kind": kind,
@@ -416,6 +431,8 @@ def lg_phase(
         "closed_loop": phase == "max",
         "offered_per_s": None if phase == "max" else rate,
         "throughput_per_s": rate,
+        "steps": round(rate * write_s),
+        "write_seconds": write_s,
         "latency_ms": {"p50": p50, "p99": p99},
         "cpu": {"ms_per_step": {"total": cpu}},
         "pg": {"transactions_per_step": 2.0 if kind == "direct" else 0.1},
@@ -435,6 +452,7 @@ def lg_phases(**buffered: Any) -> dict[str, dict[str, Any]]:
             rate=buffered.pop("rate", 500.0),
             drain=buffered.pop("drain", 0.4),
             flat=buffered.pop("flat", True),
+            write_s=buffered.pop("write_s", 20.0),
         ),
     }
     return {
@@ -481,8 +499,17 @@ def test_langgraph_remote_targets_need_the_flusher_to_keep_up_for_the_rate() -> 
     assert all("+2 ms link" in t["figure"] for t in judged)
 
     slow_drain = {t["id"]: t for t in judge(lg_phases(drain=2.5), delay_ms=2.0)}
-    assert slow_drain["lg_remote_rate"]["ratio"] == pytest.approx(500 / 150)
+    assert slow_drain["lg_remote_rate"]["ratio"] == pytest.approx(10_000 / 22.5 / 150)
     assert slow_drain["lg_remote_rate"]["met"] is False
+    # A short closed loop: written at 3.3x, but durable (to the last step in Postgres,
+    # the drain included) only 1000 steps / 3.5 s = 1.9x; no trend could be judged.
+    short = judge(lg_phases(write_s=2.0, drain=1.5, flat=None), delay_ms=2.0)
+    rate = next(t for t in short if t["id"] == "lg_remote_rate")
+    assert rate["ratio"] == pytest.approx(1000 / 3.5 / 150)
+    assert rate["met"] is False
+    assert "trend not judged" in rate["measured"]
+    quick = judge(lg_phases(rate=600.0, write_s=2.0, drain=0.3, flat=None), delay_ms=2.0)
+    assert next(t for t in quick if t["id"] == "lg_remote_rate")["met"] is True
     growing = {t["id"]: t["met"] for t in judge(lg_phases(flat=False), delay_ms=2.0)}
     assert growing["lg_remote_rate"] is False
     too_slow = {t["id"]: t["met"] for t in judge(lg_phases(rate=400.0, p99=11.0), delay_ms=2.0)}
