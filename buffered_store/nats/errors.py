@@ -21,6 +21,9 @@ WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code of a publish whose expected last subject sequence failed."""
 KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
 """Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
+NO_PEERS = 10005
+"""JetStream's error code of a stream or consumer it cannot place: fewer servers of the
+cluster up (or known to the meta leader) than the replicas asked for."""
 STORE_FULL = (10077, 10023)
 """JetStream's error codes of a publish refused for lack of room: the stream's
 ``max_bytes`` reached with discard policy "new" (10077, "maximum bytes exceeded"),
@@ -61,6 +64,11 @@ def translation(exc: Exception, what: Callable[[], str]) -> StoreError | None:
             )
         if isinstance(exc, jse.ServiceUnavailableError):
             return WalUnavailableError(f"{what()}: JetStream unavailable ({exc})")
+        if exc.err_code == NO_PEERS:  # a node down or restarting: placeable once it is back
+            return WalUnavailableError(
+                f"{what()}: JetStream cannot place it with fewer servers up than replicas "
+                f"({exc.description})"
+            )
         return WalRefusedError(f"{what()}: JetStream refused the request ({exc})")
     if isinstance(
         exc,

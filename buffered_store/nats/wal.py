@@ -23,7 +23,7 @@ from buffered_store.nats.kv import HotKv
 from buffered_store.nats.setup import WalSetup
 from buffered_store.nats.stream import WalStream
 
-log = logging.getLogger("buffered_store.nats")
+log = logging.getLogger("buffered_store.nats.wal")
 
 
 class NatsWal(WalSetup, WalStream, HotKv):
@@ -92,7 +92,11 @@ class NatsWal(WalSetup, WalStream, HotKv):
                             f"{exc} (JetStream did not answer the set-up within {budget_s:g} s, "
                             f"{backoff.attempts} attempt(s))"
                         ) from exc
-                    log.info("JetStream did not answer the set-up (%s); trying again", exc)
+                    log.info(
+                        "JetStream did not answer the set-up (%s); trying again",
+                        exc,
+                        extra={"action": "jetstream_setup_retry", "attempts": backoff.attempts},
+                    )
                     await asyncio.sleep(wait)
         except BaseException:
             await nc.close()

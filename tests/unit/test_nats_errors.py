@@ -30,6 +30,7 @@ def api_error(code: int, err_code: int, description: str) -> jse.APIError:
         (api_error(400, 10071, "wrong last sequence: 4"), ConflictError),
         (api_error(400, 10077, "maximum bytes exceeded"), WalFullError),
         (jse.ServiceUnavailableError(), WalUnavailableError),
+        (api_error(400, 10005, "no suitable peers for placement"), WalUnavailableError),
         (api_error(400, 10052, "invalid JSON"), WalRefusedError),
         (jse.NotFoundError(), WalRefusedError),
         (nats.errors.TimeoutError(), WalUnavailableError),
