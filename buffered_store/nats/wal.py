@@ -54,10 +54,10 @@ class NatsWal(WalSetup, WalStream, HotKv):
         set-up that JetStream does not answer (a cluster electing its meta or stream
         leader, a server still recovering its streams) is tried again within that
         budget; one it refuses (`ConfigError`, `WalRefusedError`, a missing object) is
-        not. ``reconnect``:
-        ``"forever"`` (default: stores and flushers) reconnects after any later loss;
-        ``"never"`` gives up on a lost connection (Spark tasks); ``"probe"`` too, tries
-        each server once, without retries, and logs nothing (a one-shot health check).
+        not. ``reconnect``: ``"forever"`` (default: stores and flushers) reconnects after
+        any later loss; ``"never"`` gives up on a lost connection (Spark tasks);
+        ``"probe"`` too, tries each server once, without retries, and logs nothing (a
+        one-shot health check).
         See `connection.open_client`.
 
         ``front_end`` (``"threadrun"``, ``"langgraph"``): a stream created here is tagged
@@ -66,9 +66,9 @@ class NatsWal(WalSetup, WalStream, HotKv):
         runs right after the stream is opened, before anything else is created (a
         flusher judges an untagged stream there).
         """
-        budget_s = connect_timeout_s
-        if budget_s is None:
-            budget_s = config.connection.connect_timeout_s
+        budget_s = (
+            config.connection.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        )
         loop = asyncio.get_running_loop()
         backoff = Backoff(initial_s=0.1, max_s=1.0, budget_s=budget_s)
         backoff.left(loop.time())  # one deadline for the connection and the set-up
