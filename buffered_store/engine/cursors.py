@@ -127,16 +127,25 @@ class CursorCache(Generic[H, S]):
         """Keep the thread's cursor from eviction while a write to it runs (what the
         write learns on the way, its run claims and a snapshot read back, lives in the
         cursor: evicted between two awaits, the write would start over cold, and under a
-        budget many large threads exceed, again and again). `drop` still forgets it."""
-        self._pinned[thread_id] = self._pinned.get(thread_id, 0) + 1
+        budget many large threads exceed, again and again). `drop` still forgets it.
+        Pins nest; `pin` and `unpin` are the same without a context manager."""
+        self.pin(thread_id)
         try:
             yield
         finally:
-            left = self._pinned[thread_id] - 1
-            if left:
-                self._pinned[thread_id] = left
-            else:
-                del self._pinned[thread_id]
+            self.unpin(thread_id)
+
+    def pin(self, thread_id: str) -> None:
+        """Start a `pinned` stretch (each `pin` needs its `unpin`)."""
+        self._pinned[thread_id] = self._pinned.get(thread_id, 0) + 1
+
+    def unpin(self, thread_id: str) -> None:
+        """End a `pinned` stretch."""
+        left = self._pinned[thread_id] - 1
+        if left:
+            self._pinned[thread_id] = left
+        else:
+            del self._pinned[thread_id]
 
     def _state_weight(self, cursor: Cursor[H, S]) -> int:
         if self._weigh is None or cursor.state is None:
@@ -170,21 +179,18 @@ class ThreadLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
-    @contextmanager
-    def _track(self, thread_id: str) -> Iterator[asyncio.Lock]:
-        lock, users = self._locks.get(thread_id, (asyncio.Lock(), 0))
+    async def run(self, thread_id: str, work: Callable[[], Any]) -> Any:
+        """Run `work()` (a coroutine factory) holding the thread's lock."""
+        # Inline rather than a context manager: every checkpoint passes here.
+        held = self._locks.get(thread_id)
+        lock, users = held if held is not None else (asyncio.Lock(), 0)
         self._locks[thread_id] = (lock, users + 1)
         try:
-            yield lock
+            async with lock:
+                return await work()
         finally:
             lock, users = self._locks[thread_id]
             if users == 1:
                 del self._locks[thread_id]
             else:
                 self._locks[thread_id] = (lock, users - 1)
-
-    async def run(self, thread_id: str, work: Callable[[], Any]) -> Any:
-        """Run `work()` (a coroutine factory) holding the thread's lock."""
-        with self._track(thread_id) as lock:
-            async with lock:
-                return await work()

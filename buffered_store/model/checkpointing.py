@@ -86,8 +86,10 @@ def validate_checkpoint(
         raise ValidationError(
             f"run {run.run_id!r} belongs to thread {run.thread_id!r}, not {thread_id!r}"
         )
-    check_json_value(run.output, "run.output")
-    check_json_object(run.metadata, "run.metadata")
+    if run.output is not None:  # None and {} (the usual values) need no check
+        check_json_value(run.output, "run.output")
+    if run.metadata:
+        check_json_object(run.metadata, "run.metadata")
     checked_metadata = None if metadata is None else check_json_object(metadata, "metadata")
     snapshot = encode_snapshot(messages, None if append else previous, check=check)
     return CheckpointInput(thread_id, snapshot, run, checked_metadata, append)

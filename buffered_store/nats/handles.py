@@ -100,15 +100,23 @@ class WalHandles:
         own, for `translated`."""
         timeout_s = self.config.request_timeout_s
         counting = self._counting
-
-        async def send(left_s: float) -> Msg:
-            counting.requests += 1
-            return await self._replies.request(subject, payload, headers, timeout_s=left_s)
-
+        counting.requests += 1
         try:
-            msg = await until_answered(send, timeout_s)
+            msg = await self._replies.request(subject, payload, headers, timeout_s=timeout_s)
         except nats.errors.NoRespondersError:
-            raise jse.NoStreamResponseError from None
+            # Nobody listened (a stream just placed, a leader being elected): send again
+            # within the budget, as every request does (`until_answered`). Only here, so
+            # the usual request makes no retry closure and no extra coroutine; the first
+            # refusal came back at once, so the budget stays about the same.
+
+            async def send(left_s: float) -> Msg:
+                counting.requests += 1
+                return await self._replies.request(subject, payload, headers, timeout_s=left_s)
+
+            try:
+                msg = await until_answered(send, timeout_s)
+            except nats.errors.NoRespondersError:
+                raise jse.NoStreamResponseError from None
         ack = orjson.loads(msg.data)
         error = ack.get("error")
         if error is not None:

@@ -15,7 +15,7 @@ from nats.js.kv import KeyValue
 
 from buffered_store.engine.ports import AgedValue, KvValue, StoredMsg
 from buffered_store.errors import ConflictError, WalObjectMissingError
-from buffered_store.nats.errors import KV_WRONG_LAST, translated
+from buffered_store.nats.errors import KV_WRONG_LAST, translated, translation
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, WalHandles
 from buffered_store.nats.scan import live_keys, scan_by_consumer, stored_msg
 
@@ -55,20 +55,24 @@ class HotKv(WalHandles):
 
         Returns the new revision; raises `ConflictError` when the key moved meanwhile.
         """
-        async with translated(f"update {key}"):
-            try:
-                if revision is None:
-                    return await self._hot_kv.create(key, value)
-                # `KeyValue.update` is this publish with the expected last subject seq.
-                headers = {EXPECTED_LAST_SUBJECT_SEQ: str(revision)}
-                seq, _ = await self._js_publish(self._hot_prefix + key, value, headers)
-                return seq
-            except jse.KeyWrongLastSequenceError as exc:
+        # `translated` as a plain ``except``: the write path swaps on every checkpoint.
+        try:
+            if revision is None:
+                return await self._hot_kv.create(key, value)
+            # `KeyValue.update` is this publish with the expected last subject seq.
+            headers = {EXPECTED_LAST_SUBJECT_SEQ: str(revision)}
+            seq, _ = await self._js_publish(self._hot_prefix + key, value, headers)
+            return seq
+        except Exception as exc:
+            if isinstance(exc, jse.KeyWrongLastSequenceError) or (
+                isinstance(exc, jse.APIError)
+                and (exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc))
+            ):
                 raise ConflictError(f"update {key}: the key changed meanwhile") from exc
-            except jse.APIError as exc:
-                if exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc):
-                    raise ConflictError(f"update {key}: the key changed meanwhile") from exc
+            ours = translation(exc, lambda: f"update {key}")
+            if ours is None:
                 raise
+            raise ours from exc
 
     async def kv_put(self, key: str, value: bytes) -> int:
         """Unconditional write."""

@@ -304,30 +304,32 @@ class BufferedThreadRunStore:
 
         async def write() -> CheckpointReceipt:
             loop = asyncio.get_running_loop()
+            # The claim and a snapshot read back live in the cursor: keep it cached
+            # until the write is done.
+            cursors = self._writer.cursors
+            cursors.pin(thread_id)
             try:
-                entry, stream_seq = await claimed_write(
-                    loop.time() + self.config.checkpoint_timeout_s
-                )
-            except PayloadTooLargeError:
-                # A cold cursor sends the whole snapshot; for a thread larger than a WAL
-                # message, learn its snapshot once and send the delta instead. (An append
-                # sends only its new messages: knowing the snapshot would not help.)
-                if append or not await self._prime_snapshot(thread_id):
-                    raise
-                entry, stream_seq = await claimed_write(
-                    loop.time() + self.config.checkpoint_timeout_s
-                )
+                try:
+                    entry, stream_seq = await claimed_write(
+                        loop.time() + self.config.checkpoint_timeout_s
+                    )
+                except PayloadTooLargeError:
+                    # A cold cursor sends the whole snapshot; for a thread larger than a
+                    # WAL message, learn its snapshot once and send the delta instead. (An
+                    # append sends only its new messages: knowing the snapshot would not
+                    # help.)
+                    if append or not await self._prime_snapshot(thread_id):
+                        raise
+                    entry, stream_seq = await claimed_write(
+                        loop.time() + self.config.checkpoint_timeout_s
+                    )
+            finally:
+                cursors.unpin(thread_id)
             return CheckpointReceipt(
                 thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
             )
 
-        async def pinned_write() -> CheckpointReceipt:
-            # The claim and a snapshot read back live in the cursor: keep it cached
-            # until the write is done.
-            with self._writer.cursors.pinned(thread_id):
-                return await write()
-
-        receipt: CheckpointReceipt = await self._locks.run(thread_id, pinned_write)
+        receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
         return receipt
 
     async def delete_thread(self, thread_id: str) -> None:
