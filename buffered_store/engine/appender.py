@@ -337,9 +337,10 @@ class Writer(Generic[E, H, S]):
         Returns the published entry, its stream seq and the cursor it was built on;
         `attempt` records whether a publish went out.
         """
-        cursor = await self.cursor(thread_id)
+        cursor = self.cursors.get(thread_id) or await self.cursor(thread_id)
         for _ in range(MAX_CONFLICTS):
-            await self.check_retained(thread_id, cursor)
+            if self.config.max_age_s is not None:
+                await self.check_retained(thread_id, cursor)
             entry, payload = build(cursor)
             if len(payload) > self.max_entry_bytes:
                 raise self.too_large(entry, len(payload))

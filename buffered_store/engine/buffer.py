@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import Generic
+from typing import Any, Generic
 
 from buffered_store.config import WriterConfig
 from buffered_store.engine.appender import WriteFormat, Writer
@@ -110,7 +110,7 @@ class WriteBuffer(Generic[E, H, S]):
 
     # -- the write path ---------------------------------------------------------------
 
-    async def write(
+    def write(
         self,
         thread_id: str,
         build: Callable[[Cursor[H, S]], tuple[E, bytes]],
@@ -118,14 +118,13 @@ class WriteBuffer(Generic[E, H, S]):
         *,
         deadline: float | None = None,
         state_of: Callable[[E], S | None] | None = None,
-    ) -> tuple[E, int]:
+    ) -> Coroutine[Any, Any, tuple[E, int]]:
         """`Writer.write` within `checkpoint_timeout_s`, or what is left of it at
-        `deadline` (a loop time)."""
+        `deadline` (a loop time). The writer's own coroutine, to await: not one more
+        coroutine around it on every checkpoint."""
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self.config.checkpoint_timeout_s
-        return await self.writer.write(
-            thread_id, build, state, deadline=deadline, state_of=state_of
-        )
+        return self.writer.write(thread_id, build, state, deadline=deadline, state_of=state_of)
 
     async def watermark(self, thread_id: str) -> int:
         """The thread's flushed seq in the sink."""

@@ -181,16 +181,25 @@ class ThreadLocks:
 
     async def run(self, thread_id: str, work: Callable[[], Any]) -> Any:
         """Run `work()` (a coroutine factory) holding the thread's lock."""
-        # Inline rather than a context manager: every checkpoint passes here.
-        held = self._locks.get(thread_id)
-        lock, users = held if held is not None else (asyncio.Lock(), 0)
-        self._locks[thread_id] = (lock, users + 1)
+        lock = self.hold(thread_id)
         try:
             async with lock:
                 return await work()
         finally:
-            lock, users = self._locks[thread_id]
-            if users == 1:
-                del self._locks[thread_id]
-            else:
-                self._locks[thread_id] = (lock, users - 1)
+            self.release(thread_id)
+
+    def hold(self, thread_id: str) -> asyncio.Lock:
+        """The thread's lock, kept until the matching `release` (``async with`` it in
+        between): `run` without a coroutine around the work, for the write path."""
+        held = self._locks.get(thread_id)
+        lock, users = held if held is not None else (asyncio.Lock(), 0)
+        self._locks[thread_id] = (lock, users + 1)
+        return lock
+
+    def release(self, thread_id: str) -> None:
+        """End a `hold`; the lock is dropped when nobody holds it."""
+        lock, users = self._locks[thread_id]
+        if users == 1:
+            del self._locks[thread_id]
+        else:
+            self._locks[thread_id] = (lock, users - 1)

@@ -44,6 +44,12 @@ class RunClaims:
         self._config = config
         self._clock = clock
 
+    def held(self, thread_id: str, run_id: str) -> bool:
+        """Whether this instance already holds the claim (its cached cursor says so):
+        `claim` would return at once, so the write path does not call it."""
+        cursor = self._buffer.writer.cursors.get(thread_id)
+        return cursor is not None and run_id in cursor.claims
+
     async def claim(self, thread_id: str, run_id: str, deadline: float) -> None:
         """Claim `run_id` for the thread in the KV run claims before anything is written.
 

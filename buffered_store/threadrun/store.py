@@ -295,42 +295,43 @@ class BufferedThreadRunStore:
             # The run's claim must hold on the cursor the entry is built on: a cursor
             # reloaded after a conflict that saw the thread deleted has dropped it.
             for _ in range(MAX_RECLAIMS):
-                await self._claims.claim(thread_id, run.run_id, deadline)
+                if not self._claims.held(thread_id, run.run_id):
+                    await self._claims.claim(thread_id, run.run_id, deadline)
                 try:
                     return await self._buffer.write(thread_id, build, snapshot, deadline=deadline)
                 except _ClaimLost:
                     continue
             raise ConflictError(f"thread {thread_id!r} keeps being deleted under this write")
 
-        async def write() -> CheckpointReceipt:
-            loop = asyncio.get_running_loop()
-            # The claim and a snapshot read back live in the cursor: keep it cached
-            # until the write is done.
-            cursors = self._writer.cursors
-            cursors.pin(thread_id)
-            try:
+        # The thread's lock held, and its cursor pinned (the claim and a snapshot read
+        # back live in it: keep it cached until the write is done); inline rather than
+        # in a coroutine or context manager of their own: every checkpoint passes here.
+        loop = asyncio.get_running_loop()
+        cursors = self._writer.cursors
+        lock = self._locks.hold(thread_id)
+        try:
+            async with lock:
+                cursors.pin(thread_id)
                 try:
-                    entry, stream_seq = await claimed_write(
-                        loop.time() + self.config.checkpoint_timeout_s
-                    )
-                except PayloadTooLargeError:
-                    # A cold cursor sends the whole snapshot; for a thread larger than a
-                    # WAL message, learn its snapshot once and send the delta instead. (An
-                    # append sends only its new messages: knowing the snapshot would not
-                    # help.)
-                    if append or not await self._prime_snapshot(thread_id):
-                        raise
-                    entry, stream_seq = await claimed_write(
-                        loop.time() + self.config.checkpoint_timeout_s
-                    )
-            finally:
-                cursors.unpin(thread_id)
-            return CheckpointReceipt(
-                thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq
-            )
-
-        receipt: CheckpointReceipt = await self._locks.run(thread_id, write)
-        return receipt
+                    try:
+                        entry, stream_seq = await claimed_write(
+                            loop.time() + self.config.checkpoint_timeout_s
+                        )
+                    except PayloadTooLargeError:
+                        # A cold cursor sends the whole snapshot; for a thread larger than a
+                        # WAL message, learn its snapshot once and send the delta instead.
+                        # (An append sends only its new messages: knowing the snapshot
+                        # would not help.)
+                        if append or not await self._prime_snapshot(thread_id):
+                            raise
+                        entry, stream_seq = await claimed_write(
+                            loop.time() + self.config.checkpoint_timeout_s
+                        )
+                finally:
+                    cursors.unpin(thread_id)
+        finally:
+            self._locks.release(thread_id)
+        return CheckpointReceipt(thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq)
 
     async def delete_thread(self, thread_id: str) -> None:
         """Append a delete entry: the thread disappears from every read at once.
