@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
+
 from buffered_store.engine.cursors import Cursor, CursorCache, ThreadLocks
 from buffered_store.engine.hotupdates import merged_recent
 from buffered_store.model.changes import (
@@ -61,6 +63,32 @@ async def test_thread_locks_serialise_one_thread_but_not_others() -> None:
     await asyncio.gather(first, second)
     assert order == ["a1-start", "b", "a1-end", "a2"]
     assert locks._locks == {}  # released locks are dropped
+
+
+async def test_thread_locks_held_without_run_share_one_lock_until_the_last_release() -> None:
+    """The write path holds a thread's lock inline (`hold`/`release`, no coroutine of
+    its own): holders of one thread share a lock, which is dropped with the last
+    release, also when the holder's work failed."""
+    locks = ThreadLocks()
+    first = locks.hold("a")
+    second = locks.hold("a")
+    assert first is second
+    assert locks.hold("b") is not first
+    locks.release("b")
+
+    async def fails() -> None:
+        raise RuntimeError("the work failed")
+
+    async with first:
+        waiting = asyncio.create_task(locks.run("a", fails))  # a third holder
+        await asyncio.sleep(0)
+        assert not waiting.done()  # it waits for the lock held above
+    locks.release("a")
+    with pytest.raises(RuntimeError, match="the work failed"):
+        await waiting
+    assert "a" in locks._locks  # `second` still holds it
+    locks.release("a")
+    assert locks._locks == {}
 
 
 def test_known_snapshot_rules() -> None:
