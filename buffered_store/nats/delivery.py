@@ -26,6 +26,7 @@ from nats.js.api import DEFAULT_PREFIX, Header
 
 from buffered_store.errors import StoreClosedError, WalUnavailableError
 from buffered_store.nats.errors import translated
+from buffered_store.nats.scan import ack_fields
 
 log = logging.getLogger("buffered_store.nats.delivery")
 
@@ -51,11 +52,17 @@ class NatsDelivered:
 
     def __init__(self, msg: Msg) -> None:
         self._msg = msg
-        meta = msg.metadata
         self.subject: str = msg.subject
         self.data: bytes = msg.data
-        self.stream_seq: int = int(meta.sequence.stream)
-        self.num_delivered: int = int(meta.num_delivered)
+        # The counters straight from the reply subject: `msg.metadata` builds three
+        # objects and a timestamp for every message a flusher receives.
+        fields = ack_fields(msg.reply)
+        if fields is None:
+            meta = msg.metadata  # raises nats-py's own error for what is not an ack subject
+            self.stream_seq: int = int(meta.sequence.stream)
+            self.num_delivered: int = int(meta.num_delivered)
+        else:
+            self.stream_seq, self.num_delivered, _ = fields
 
     async def ack(self) -> None:
         """Acknowledge it."""

@@ -192,6 +192,14 @@ def ack_counters(reply: str | None) -> tuple[int, int] | None:
     What ``msg.metadata`` gives, without its objects and timestamp: a consumer scan of
     10,000 entries made them for every message.
     """
+    fields = ack_fields(reply)
+    return None if fields is None else (fields[0], fields[2])
+
+
+def ack_fields(reply: str | None) -> tuple[int, int, int] | None:
+    """``(stream seq, times delivered, pending)`` of a delivered JetStream message, from
+    its reply subject (None: not one nats-py would take apart either), as
+    ``msg.metadata`` has them: what a consumer's reader needs of every message."""
     if not reply:
         return None
     tokens = reply.split(".")
@@ -199,9 +207,13 @@ def ack_counters(reply: str | None) -> tuple[int, int] | None:
         return None
     try:
         if len(tokens) == _ACK_V1_TOKENS:
-            return int(tokens[5]), int(tokens[8])
+            return int(tokens[5]), int(tokens[4]), int(tokens[8])
         if len(tokens) >= 11:
-            return int(tokens[Msg.Ack.StreamSeq]), int(tokens[Msg.Ack.NumPending])
+            return (
+                int(tokens[Msg.Ack.StreamSeq]),
+                int(tokens[Msg.Ack.NumDelivered]),
+                int(tokens[Msg.Ack.NumPending]),
+            )
     except ValueError:
         return None
     return None

@@ -161,7 +161,9 @@ class WalStream(WalHandles):
         return int(info.num_waiting or 0), idle
 
     async def subscribe(self) -> NatsDelivery:
-        """A pull subscription bound to the durable consumer."""
+        """A pull subscription bound to the durable consumer; the connection then parses
+        headers as a bulk receiver does (`receive_in_bulk`): every entry carries two."""
+        self.receive_in_bulk()
         reconnects = self.reconnects
         async with translated("bind to the flusher consumer"):
             return await NatsDelivery.open(

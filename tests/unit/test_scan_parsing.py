@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 
-from buffered_store.nats.scan import ack_counters, header_lines
+from buffered_store.nats.delivery import NatsDelivered
+from buffered_store.nats.scan import ack_counters, ack_fields, header_lines
 
 
 @pytest.mark.parametrize(
@@ -20,6 +22,30 @@ from buffered_store.nats.scan import ack_counters, header_lines
 def test_ack_counters_are_nats_py_s_metadata(reply: str) -> None:
     meta = Msg(None, reply=reply).metadata  # type: ignore[arg-type]
     assert ack_counters(reply) == (meta.sequence.stream, meta.num_pending)
+    assert ack_fields(reply) == (meta.sequence.stream, meta.num_delivered, meta.num_pending)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.WAL.flusher.3.42.7.1700000000000000000.3",
+        "$JS.ACK._.hash.WAL.flusher.1.9000.8.1700000000000000000.12.token",
+    ],
+)
+def test_a_delivered_message_s_counters_are_its_metadata(reply: str) -> None:
+    msg = Msg(None, subject="WAL.t", reply=reply, data=b"{}")  # type: ignore[arg-type]
+    delivered = NatsDelivered(msg)
+    assert (delivered.stream_seq, delivered.num_delivered) == (
+        msg.metadata.sequence.stream,
+        msg.metadata.num_delivered,
+    )
+    assert (delivered.subject, delivered.data) == ("WAL.t", b"{}")
+
+
+def test_a_message_without_an_ack_subject_is_refused_as_nats_py_refuses_it() -> None:
+    msg = Msg(None, subject="WAL.t", reply="_INBOX.abc", data=b"{}")  # type: ignore[arg-type]
+    with pytest.raises(NotJSMessageError):
+        NatsDelivered(msg)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +53,7 @@ def test_ack_counters_are_nats_py_s_metadata(reply: str) -> None:
 )
 def test_what_is_not_a_jetstream_reply_gives_none(reply: str | None) -> None:
     assert ack_counters(reply) is None
+    assert ack_fields(reply) is None
 
 
 @pytest.mark.parametrize(
