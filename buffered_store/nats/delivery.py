@@ -25,7 +25,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import DEFAULT_PREFIX, Header
 
 from buffered_store.errors import StoreClosedError, WalUnavailableError
-from buffered_store.nats.errors import translated
+from buffered_store.nats.errors import translated, translation
 from buffered_store.nats.scan import ack_fields
 
 log = logging.getLogger("buffered_store.nats.delivery")
@@ -65,9 +65,15 @@ class NatsDelivered:
             self.stream_seq, self.num_delivered, _ = fields
 
     async def ack(self) -> None:
-        """Acknowledge it."""
-        async with translated("ack"):
+        """Acknowledge it (`translated` as a plain ``except``: a flusher acks every
+        message it applies)."""
+        try:
             await self._msg.ack()
+        except Exception as exc:
+            ours = translation(exc, lambda: "ack")
+            if ours is None:
+                raise
+            raise ours from exc
 
     async def nak(self, delay_s: float | None = None) -> None:
         """Have it delivered again, after `delay_s` when given."""

@@ -93,7 +93,7 @@ def decode_digest(value: Any) -> bytes:
 
 def decode_entry(payload: bytes, *, stream_seq: int = 0) -> WalEntry:
     """Entry from wire bytes; anything malformed raises `CorruptEntryError`."""
-    return decode_entry_roles(payload, stream_seq=stream_seq)[0]
+    return _decode(payload, stream_seq)[0]
 
 
 def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry, tuple[str, ...]]:
@@ -102,6 +102,12 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
     Columnar readers need the roles; taking them from the parse done here spares parsing
     every message a second time.
     """
+    entry, raw_messages = _decode(payload, stream_seq)
+    return entry, tuple(m["role"] for m in raw_messages)
+
+
+def _decode(payload: bytes, stream_seq: int) -> tuple[WalEntry, list[dict[str, Any]]]:
+    """`decode_entry`, plus the appended messages as parsed (checked objects with a role)."""
     header, data = parse_entry(payload)
     thread_id, seq, at, jump = header.thread_id, header.seq, header.at, header.jump
     try:
@@ -116,7 +122,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
                 jump=jump,
                 stream_seq=stream_seq,
             )
-            return entry, ()
+            return entry, []
         raw_messages = data["m"]
         if not isinstance(raw_messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in raw_messages
@@ -148,7 +154,7 @@ def decode_entry_roles(payload: bytes, *, stream_seq: int = 0) -> tuple[WalEntry
             digest=decode_digest(data.get("dg")),
             stream_seq=stream_seq,
         )
-        return entry, tuple(m["role"] for m in raw_messages)
+        return entry, raw_messages
     except CorruptEntryError:
         raise
     except Exception as exc:
