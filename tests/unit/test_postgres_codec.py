@@ -16,6 +16,8 @@ TRICKY: list[dict[str, Any]] = [
     {"role": "user", "content": 'quotes " and \\ backslashes, {braces}, "commas", NULL'},
     {"role": "assistant", "content": "ünïcødé ✓ \u2028 \t tab", "meta": {"n": 1e16, "m": [1, 2]}},
     {"role": "tool", "content": "", "meta": {"empty": [], "none": None}},
+    # Text that looks like what is spelled out, and a message boundary, inside strings.
+    {"role": "user", "content": 'not numbers: 1e+16, "},{" 2e+17', "meta": {"n": 2e17}},
 ]
 
 
@@ -37,6 +39,8 @@ def test_messages_are_one_json_array_parameter() -> None:
     assert '"n":10000000000000000.0' in params["p_messages"]
     assert decoded[1]["meta"]["n"] == 1e16
     assert decoded[2]["meta"] == {"empty": [], "none": None}
+    assert decoded[3]["meta"]["n"] == 2e17
+    assert '"n":200000000000000000.0' in params["p_messages"]
 
 
 def test_run_records_are_one_json_array_aligned_with_their_seqs() -> None:
