@@ -25,7 +25,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import DEFAULT_PREFIX, Header
 
 from buffered_store.errors import StoreClosedError, WalUnavailableError
-from buffered_store.nats.errors import translated, translation
+from buffered_store.nats.errors import raise_translated, translated
 from buffered_store.nats.scan import ack_fields
 
 log = logging.getLogger("buffered_store.nats.delivery")
@@ -70,10 +70,7 @@ class NatsDelivered:
         try:
             await self._msg.ack()
         except Exception as exc:
-            ours = translation(exc, lambda: "ack")
-            if ours is None:
-                raise
-            raise ours from exc
+            raise_translated(exc, lambda: "ack")
 
     async def nak(self, delay_s: float | None = None) -> None:
         """Have it delivered again, after `delay_s` when given."""

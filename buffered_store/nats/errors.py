@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import NoReturn
 
 import nats.errors
 import nats.js.errors as jse
@@ -36,19 +37,26 @@ async def translated(what: str) -> AsyncIterator[None]:
     try:
         yield
     except Exception as exc:
-        ours = translation(exc, lambda: what)
-        if ours is None:
-            raise
-        raise ours from exc
+        raise_translated(exc, lambda: what)
+
+
+def raise_translated(exc: Exception, what: Callable[[], str]) -> NoReturn:
+    """Raise our error for `exc` (`translation`) from it, or `exc` itself: `translated`
+    for a plain ``except``, where a call on the write path or per delivered message
+    should not pay for an async context manager."""
+    ours = translation(exc, what)
+    if ours is None:
+        raise exc
+    raise ours from exc
 
 
 def translation(exc: Exception, what: Callable[[], str]) -> StoreError | None:
     """Our error for a nats/asyncio failure of `what()` (asked only on failure), None
     for one of ours (re-raise it) or one we do not translate.
 
-    `translated` is this as a context manager; the write path's append calls it in a
-    plain ``except`` instead: an async context manager per call costs about as much as
-    the rest of the append's own Python code.
+    `translated` is this as a context manager; the write path's append and the flusher's
+    acks use `raise_translated` in a plain ``except`` instead: an async context manager
+    per call costs about as much as the rest of the append's own Python code.
     """
     if isinstance(exc, StoreError):
         return None

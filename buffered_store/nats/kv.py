@@ -15,7 +15,7 @@ from nats.js.kv import KeyValue
 
 from buffered_store.engine.ports import AgedValue, KvValue, StoredMsg
 from buffered_store.errors import ConflictError, WalObjectMissingError
-from buffered_store.nats.errors import KV_WRONG_LAST, translated, translation
+from buffered_store.nats.errors import KV_WRONG_LAST, raise_translated, translated
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, WalHandles
 from buffered_store.nats.scan import live_keys, scan_by_consumer, stored_msg
 
@@ -69,10 +69,7 @@ class HotKv(WalHandles):
                 and (exc.err_code in KV_WRONG_LAST or "wrong last sequence" in str(exc))
             ):
                 raise ConflictError(f"update {key}: the key changed meanwhile") from exc
-            ours = translation(exc, lambda: f"update {key}")
-            if ours is None:
-                raise
-            raise ours from exc
+            raise_translated(exc, lambda: f"update {key}")
 
     async def kv_put(self, key: str, value: bytes) -> int:
         """Unconditional write."""

@@ -12,7 +12,7 @@ import nats.js.errors as jse
 
 from buffered_store.engine.ports import ConsumerState, StoredMsg
 from buffered_store.nats.delivery import NatsDelivery
-from buffered_store.nats.errors import translated, translation
+from buffered_store.nats.errors import raise_translated, translated
 from buffered_store.nats.handles import EXPECTED_LAST_SUBJECT_SEQ, MSG_ID, WalHandles
 from buffered_store.nats.scan import scan_by_consumer, stored_msg
 
@@ -31,10 +31,7 @@ class WalStream(WalHandles):
         try:
             return await self._js_publish(subject, payload, headers)
         except Exception as exc:  # `translated`, minus a context manager per append
-            ours = translation(exc, lambda: f"publish {subject}")
-            if ours is None:
-                raise
-            raise ours from exc
+            raise_translated(exc, lambda: f"publish {subject}")
 
     async def get(self, seq: int) -> StoredMsg | None:
         """The message at a stream seq, or None when absent."""
