@@ -54,6 +54,7 @@ from buffered_store.threadrun.entry import (
 from flusher import Flusher, FlusherConfig
 from flusher.quarantine import QuarantineKind, list_quarantine, replay
 from tests.plugins.stores import ConfigFactory, PostgresFactory, jetstream
+from tests.plugins.waiting import eventually
 
 FAST: dict[str, Any] = {
     "flush_interval_s": 0.05,
@@ -170,17 +171,6 @@ async def start(flushers: list[Flusher], inner: Any, config: FlusherConfig) -> F
 
 def tid(label: str = "t") -> str:
     return f"{label}-{uuid.uuid4().hex[:10]}"
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], *, timeout_s: float = 10.0, what: str = "condition"
-) -> None:
-    """Wait for `check()` to hold (flushing is asynchronous by design)."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def flushed_to(

@@ -18,7 +18,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -39,6 +39,7 @@ from buffered_store.testing import FaultyFlushTarget, make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.plugins.stores import ConfigFactory, PostgresFactory
+from tests.plugins.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "bufstore-dashboard.json"
@@ -68,18 +69,6 @@ def chat(step: int) -> list[Message]:
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"{MARKER} says {i}"}
         for i in range(step)
     ]
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str, every_s: float = 0.05
-) -> float:
-    """Wait for `check()`; returns the seconds it took."""
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(every_s)
-    return time.monotonic() - started
 
 
 async def scrape(port: int) -> Scrape:
@@ -466,7 +455,10 @@ async def test_health_fails_while_postgres_is_down_and_passes_after_recovery(
                 return False
 
             took = await eventually(
-                lag_over_threshold, timeout_s=max_lag_s + 5, what="health to fail on lag"
+                lag_over_threshold,
+                timeout_s=max_lag_s + 5,
+                what="health to fail on lag",
+                every_s=0.05,
             )
             assert time.monotonic() - outage_began >= max_lag_s
             assert took <= max_lag_s + 3

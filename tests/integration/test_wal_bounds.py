@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from buffered_store.testing import InnerStore, make_run
 from buffered_store.threadrun.store import BufferedThreadRunStore
 from flusher import Flusher, FlusherConfig
 from tests.plugins.stores import StoreFactory, jetstream
+from tests.plugins.waiting import eventually
 
 
 def tid(label: str = "t") -> str:
@@ -36,16 +37,6 @@ def tid(label: str = "t") -> str:
 
 def msg(thread_id: str, n: int, size: int = 40) -> Message:
     return {"role": "user", "content": f"{thread_id}:{n}:" + "x" * size}
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], *, timeout_s: float = 15.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def stream_messages(store: BufferedThreadRunStore) -> int:

@@ -4,10 +4,7 @@ its flusher trims flushed entries from its own stream after `retain_flushed_s`, 
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
@@ -16,17 +13,11 @@ from buffered_store.errors import WalFullError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
 from flusher import Flusher, FlusherConfig
 from tests.plugins.stores import jetstream
+from tests.plugins.waiting import eventually
 
 
 def cfg(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def stream_messages(config: LangGraphConfig) -> int:
