@@ -24,7 +24,7 @@ import nats
 
 from . import PACKAGE, report
 from .harness import Bench, Options
-from .machine import machine, nats_server_version, versions
+from .machine import machine, nats_server_version, speed, versions
 from .scenarios import MODULES, load
 
 
@@ -152,6 +152,7 @@ async def execute(name: str, options: Options) -> Path:
     started = time.time()
     load_before = os.getloadavg()
     bench_.say(f"[bold]{name}[/]: results in {bench_.output}")
+    speed_before = await speed()
     async with bench_.running():
         outcome = await run(bench_)
         pg_settings = await bench_.pg_settings()
@@ -166,6 +167,7 @@ async def execute(name: str, options: Options) -> Path:
         "elapsed_s": round(time.time() - started, 1),
         "machine": machine(),
         "loadavg_1_5_15": {"at_start": load_before, "at_end": os.getloadavg()},
+        "machine_speed": {"at_start": speed_before, "at_end": await speed()},
         "versions": versions(),
         "nats_server_version": server_version or nats_server_version(),
         "pg_settings": pg_settings,

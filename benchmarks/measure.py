@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from array import array
 from collections import Counter
@@ -346,7 +347,38 @@ class CpuMeter:
             out[name] = self._base[name] + (value if value is not None and pid else 0.0)
         out["total"] = sum(out.values())
         out["machine_busy"] = machine_busy_s()
+        for name, get_pid in self._pids.items():
+            pid = get_pid()
+            waited = runqueue_wait_s(pid, children=name in self._with_children) if pid else None
+            if waited is not None:
+                out[WAITED + name] = waited
         return out
+
+
+WAITED = "runqueue_wait:"
+"""Prefix of `CpuMeter.sample`'s keys that hold a process's run-queue wait, not its CPU."""
+
+
+def runqueue_wait_s(pid: int, *, children: bool = False) -> float | None:
+    """Seconds the threads of process `pid` (with `children`: and of its live children)
+    spent runnable but waiting for a core since they started, from Linux's
+    /proc/PID/task/TID/schedstat; None where there is none (or the process is gone).
+    Over a run, a process's wait beside its CPU time says whether the cores were
+    contended: a process that waited a tenth of the time could have run that much more."""
+    pids = [pid]
+    if children:
+        with contextlib.suppress(psutil.Error):
+            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    total_ns = 0
+    for one in pids:
+        try:
+            for tid in os.listdir(f"/proc/{one}/task"):
+                with open(f"/proc/{one}/task/{tid}/schedstat") as stat:
+                    total_ns += int(stat.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            if one == pid:
+                return None  # a child or a thread that just exited only loses its share
+    return total_ns / 1e9
 
 
 def machine_busy_s() -> float:
@@ -377,12 +409,26 @@ def _process_cpu(pid: int, *, children: bool) -> float | None:
 def cpu_delta(
     before: dict[str, float], after: dict[str, float], checkpoints: int
 ) -> dict[str, Any]:
-    """CPU seconds per process over a side's run, and per 1,000 checkpoints."""
-    seconds = {name: round(after[name] - before.get(name, 0.0), 3) for name in after}
+    """CPU seconds per process over a side's run, and per 1,000 checkpoints; beside them
+    each process's run-queue wait over the run (`runqueue_wait_s`, Linux only)."""
+    waited = {
+        name[len(WAITED) :]: round(max(0.0, after[name] - before.get(name, after[name])), 3)
+        for name in after
+        if name.startswith(WAITED)
+    }
+    seconds = {
+        name: round(after[name] - before.get(name, 0.0), 3)
+        for name in after
+        if not name.startswith(WAITED)
+    }
     # Everything else the machine ran meanwhile (other users' jobs): a disturbance figure.
     seconds["other_processes"] = round(seconds.pop("machine_busy") - seconds["total"], 3)
     per_k = {
         name: round(value * 1000 / checkpoints, 4) if checkpoints else None
         for name, value in seconds.items()
     }
-    return {"seconds": seconds, "seconds_per_1k_checkpoints": per_k}
+    return {
+        "seconds": seconds,
+        "seconds_per_1k_checkpoints": per_k,
+        "runqueue_wait_seconds": waited,
+    }

@@ -160,6 +160,20 @@ def unavailable_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def speed_line(speed: dict[str, dict[str, float]] | None) -> str:
+    """The machine's speed at the run's start and end (`machine.speed`), in words."""
+    if not speed:
+        return "Machine speed: not measured (a run older than the probe)."
+    start, end = speed["at_start"], speed["at_end"]
+    return (
+        f"Machine speed: a plain-Python loop of 3 million additions took "
+        f"{start['python_loop_s']:.3f} s at the start, {end['python_loop_s']:.3f} s at the "
+        f"end; a wake-up from a 5 ms asyncio sleep cost {start['wake_cpu_us']:.0f} and "
+        f"{end['wake_cpu_us']:.0f} µs of CPU (figures of different days compare only "
+        "beside these)."
+    )
+
+
 def markdown(result: dict[str, Any], side_rows: Sequence[Row] = SIDE_ROWS) -> str:
     """The whole report of one run."""
     m = result["machine"]
@@ -178,7 +192,8 @@ def markdown(result: dict[str, Any], side_rows: Sequence[Row] = SIDE_ROWS) -> st
         + "/".join(f"{x:.1f}" for x in result.get("loadavg_1_5_15", {}).get("at_start", ()))
         + ", at end "
         + "/".join(f"{x:.1f}" for x in result.get("loadavg_1_5_15", {}).get("at_end", ()))
-        + " (other jobs on the machine disturb the figures; see the CPU rows).",
+        + " (other jobs on the machine disturb the figures; see the CPU rows).  ",
+        speed_line(result.get("machine_speed")),
         "",
         f"Parameters: `{json.dumps(result.get('parameters', {}), default=str)}`",
         "",

@@ -42,6 +42,7 @@ from .measure import (
     cpu_delta,
     pg_delta,
     rate_series,
+    runqueue_wait_s,
     steady_rate,
     summarize,
     wait_or_stop,
@@ -94,6 +95,7 @@ class OpenSide:
     monitor: WalMonitor | None = None
     flusher_final: dict[str, Any] = field(default_factory=dict)
     flusher_cpu_at_start: float = 0.0
+    flusher_wait_at_start: float | None = None
 
     def store_stats(self) -> dict[str, float]:
         """The store's own counters."""
@@ -138,6 +140,7 @@ async def open_side(
                     profile_path=profile,
                 )
                 side.flusher_cpu_at_start = side.flusher.cpu_s or 0.0
+                side.flusher_wait_at_start = flusher_waited(side.flusher)
             buffered = await BufferedThreadRunStore.connect(inner, config)
             side.store = buffered
         yield side
@@ -153,6 +156,12 @@ async def open_side(
             if measured and not keep_wal and not bench.options.keep:
                 await side.monitor.delete_objects()
             await side.monitor.close()
+
+
+def flusher_waited(flusher: FlusherProcess | None) -> float | None:
+    """The flusher process's run-queue wait so far (`runqueue_wait_s`), if it runs."""
+    pid = flusher.pid if flusher is not None else None
+    return runqueue_wait_s(pid) if pid else None
 
 
 def process_cpu_sources(bench: Bench, plan: SidePlan) -> dict[str, Callable[[], int | None]]:
@@ -373,6 +382,7 @@ async def measure_phase(
         await sampler
         timeline.add(time.perf_counter() - clock_zero, **(await probe()))
         cpu_after = meter.sample()
+        flusher_wait_at_end = flusher_waited(side.flusher)
         after_figures = await after(side, states, config) if after is not None else None
     bench.progress.update(task, completed=workload.duration_s)
 
@@ -386,6 +396,9 @@ async def measure_phase(
         cpu["seconds_per_1k_checkpoints"]["flusher"] = (
             round(flusher_s * 1000 / log.count, 4) if log.count else None
         )
+    if side.flusher_wait_at_start is not None and flusher_wait_at_end is not None:
+        waited = flusher_wait_at_end - side.flusher_wait_at_start
+        cpu["runqueue_wait_seconds"]["flusher"] = round(waited, 3)
         cpu["seconds_per_1k_checkpoints"]["total"] = (
             round(cpu["seconds"]["total"] * 1000 / log.count, 4) if log.count else None
         )
@@ -394,7 +407,9 @@ async def measure_phase(
         "backends (live and exited), the nats-server and helper processes; the flusher "
         "worker reports its own process_time() minus its start-up. other_processes is the "
         "machine's busy CPU time (psutil.cpu_times) minus all of these: load from outside "
-        "the benchmark, which disturbs its figures"
+        "the benchmark, which disturbs its figures. runqueue_wait_seconds: per process, "
+        "the seconds its threads (Postgres: with its live backends) were runnable but "
+        "waited for a core over the run (Linux schedstat): contention for the two cores"
     )
     pg_after, settled_after = seeded.snapshot = await counters.settled()
     if profiler is not None:

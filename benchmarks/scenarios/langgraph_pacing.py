@@ -154,12 +154,14 @@ def phase_cpu(
     steps: int,
     *,
     flusher_s: float | None = None,
+    flusher_wait_s: float | None = None,
     outside_total: Sequence[str] = (),
 ) -> dict[str, Any]:
     """CPU seconds per process over a phase and ms per graph step. `flusher_s` (the
     flusher process's own report) joins the total; the processes in `outside_total` (the
     delaying proxy: it stands for a network, not for work of a side) are reported but
-    not counted in it, nor among the machine's other processes."""
+    not counted in it, nor among the machine's other processes. `runqueue_wait_seconds`:
+    each process's wait for a core over the phase (`flusher_wait_s`: the flusher's)."""
     cpu = cpu_delta(before, after, steps)
     seconds: dict[str, float] = cpu["seconds"]
     for name in outside_total:
@@ -171,4 +173,12 @@ def phase_cpu(
     per_step = {
         name: round(value * 1000 / steps, 4) if steps else None for name, value in seconds.items()
     }
-    return {"seconds": seconds, "ms_per_step": per_step, "outside_total": list(outside_total)}
+    waited: dict[str, float] = cpu["runqueue_wait_seconds"]
+    if flusher_wait_s is not None:
+        waited["flusher"] = round(flusher_wait_s, 3)
+    return {
+        "seconds": seconds,
+        "ms_per_step": per_step,
+        "outside_total": list(outside_total),
+        "runqueue_wait_seconds": waited,
+    }

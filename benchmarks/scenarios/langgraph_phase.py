@@ -26,6 +26,7 @@ from ..measure import (
     rate_series,
     wait_or_stop,
 )
+from ..sides import flusher_waited
 from .common import backlog_growing, backlog_trend
 from .langgraph_graph import Shape, Thinker, build_graph, drive, thread_id
 from .langgraph_pacing import StepLog, phase_cpu, thread_slots
@@ -59,6 +60,7 @@ async def run_phase(
         graph = build_graph(opened.saver, thinker)
         flusher_at_start = (opened.flusher.cpu_s or 0.0) if opened.flusher else 0.0
         cpu_before = meter.sample()
+        flusher_wait_at_start = flusher_waited(opened.flusher)
         clock_zero = time.perf_counter()
         stop = asyncio.Event()
         sampler = asyncio.create_task(
@@ -75,6 +77,7 @@ async def run_phase(
         last = await sample_once(opened, log, timeline, clock_zero)
         show(bench, task, writes_end_s, last)
         cpu_after = meter.sample()
+        flusher_wait_at_end = flusher_waited(opened.flusher)
         if isinstance(opened.saver, BufferedCheckpointSaver):
             flush["force_flush_all_threads"] = await opened.saver.force_flush_all(timeout=120)
             flush["saver_stats"] = opened.saver.stats()
@@ -109,6 +112,11 @@ async def run_phase(
             cpu_after,
             steps,
             flusher_s=flusher_s,
+            flusher_wait_s=(
+                flusher_wait_at_end - flusher_wait_at_start
+                if flusher_wait_at_start is not None and flusher_wait_at_end is not None
+                else None
+            ),
             outside_total=("proxy",) if link else (),
         ),
         "timeline": {

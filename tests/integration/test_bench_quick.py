@@ -65,6 +65,7 @@ TOP_KEYS = {
     "scenario",
     "command",
     "machine",
+    "machine_speed",
     "versions",
     "pg_settings",
     "parameters",
@@ -104,6 +105,10 @@ def test_quick_mode_writes_every_output(scenario: str, tmp_path: Path) -> None:
     assert data["scenario"] == scenario
     assert data["quick"] is True
     assert {"cpu_model", "logical_cores", "memory_gib", "python"} <= set(data["machine"])
+    for moment in ("at_start", "at_end"):
+        speed = data["machine_speed"][moment]
+        assert speed["python_loop_s"] > 0
+        assert speed["wake_cpu_us"] > 0
     assert data["pg_settings"].get("server_version")
     assert set(data["sides"]) == sides
     for key, side in data["sides"].items():
@@ -120,6 +125,7 @@ def test_quick_mode_writes_every_output(scenario: str, tmp_path: Path) -> None:
         assert (tmp_path / scenario / plot).stat().st_size > 0
     report = (tmp_path / scenario / "report.md").read_text()
     assert "DESIGN section 6 targets" in report
+    assert "Machine speed: a plain-Python loop of 3 million additions took" in report
     assert "latency_cdf.png" in report
     if scenario in SCENARIO_CHECKS:
         SCENARIO_CHECKS[scenario](data, report)

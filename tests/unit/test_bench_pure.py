@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -21,7 +22,16 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 if TYPE_CHECKING:
     from benchmarks.flush import backlog_figures
     from benchmarks.harness import Bench, Options
-    from benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
+    from benchmarks.measure import (
+        WAITED,
+        Laps,
+        LatencyLog,
+        Timeline,
+        cpu_delta,
+        runqueue_wait_s,
+        wait_or_stop,
+    )
+    from benchmarks.report import speed_line
     from benchmarks.scenarios.common import backlog_growing, backlog_trend
     from benchmarks.scenarios.curve import maximum
     from benchmarks.scenarios.langgraph_pacing import (
@@ -46,7 +56,16 @@ if TYPE_CHECKING:
 else:
     from buffered_store.benchmarks.flush import backlog_figures
     from buffered_store.benchmarks.harness import Bench, Options
-    from buffered_store.benchmarks.measure import Laps, LatencyLog, Timeline, wait_or_stop
+    from buffered_store.benchmarks.measure import (
+        WAITED,
+        Laps,
+        LatencyLog,
+        Timeline,
+        cpu_delta,
+        runqueue_wait_s,
+        wait_or_stop,
+    )
+    from buffered_store.benchmarks.report import speed_line
     from buffered_store.benchmarks.scenarios.common import backlog_growing, backlog_trend
     from buffered_store.benchmarks.scenarios.curve import maximum
     from buffered_store.benchmarks.scenarios.langgraph_pacing import (
@@ -529,3 +548,55 @@ def test_the_correctness_check_compares_every_side_with_asyncpostgressaver() -> 
     assert not check["ok"]
     assert check["threads_differing"] == {"buffered": ["lg-50-0000"], "floor": []}
     assert check["threads_not_as_expected"]["buffered"] == ["lg-50-0000"]
+
+
+def test_the_report_gives_the_machines_speed_at_both_ends_of_the_run() -> None:
+    line = speed_line(
+        {
+            "at_start": {"python_loop_s": 0.142, "wake_cpu_us": 88.9},
+            "at_end": {"python_loop_s": 0.48, "wake_cpu_us": 197.8},
+        }
+    )
+    assert "took 0.142 s at the start, 0.480 s at the end" in line
+    assert "cost 89 and 198 µs of CPU" in line
+    assert speed_line(None) == "Machine speed: not measured (a run older than the probe)."
+
+
+def test_cpu_deltas_keep_each_processs_wait_for_a_core_apart_from_its_cpu() -> None:
+    before = {"harness": 1.0, "nats_server": 0.5, "total": 1.5, "machine_busy": 10.0}
+    after = {"harness": 3.0, "nats_server": 1.5, "total": 4.5, "machine_busy": 13.5}
+    before[WAITED + "harness"] = 0.25
+    after[WAITED + "harness"] = 0.75
+    after[WAITED + "nats_server"] = 0.5  # first seen at the end: no wait counted
+    cpu = cpu_delta(before, after, 1000)
+    assert cpu["seconds"] == {
+        "harness": 2.0,
+        "nats_server": 1.0,
+        "total": 3.0,
+        "other_processes": 0.5,
+    }
+    assert cpu["runqueue_wait_seconds"] == {"harness": 0.5, "nats_server": 0.0}
+    assert cpu["seconds_per_1k_checkpoints"]["harness"] == 2.0
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="Linux schedstat only")
+def test_two_busy_processes_on_one_core_each_wait_for_it() -> None:
+    import subprocess
+    import sys
+
+    busy = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{0}})\n{busy}"]
+        )
+        for _ in range(2)
+    ]
+    waits: list[float] = []
+    while any(p.poll() is None for p in procs):
+        waits = [runqueue_wait_s(p.pid) or 0.0 for p in procs]
+        time.sleep(0.05)
+    # Each needed 0.4 s of one core that the other wanted too: while one ran, the
+    # other waited (most of the time, for the ~0.4 s they overlapped).
+    assert max(waits) > 0.1
+    assert runqueue_wait_s(os.getpid()) is not None
+    assert runqueue_wait_s(2**22 + 12345) is None
