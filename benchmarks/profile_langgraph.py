@@ -23,7 +23,9 @@ run by run: one run is noisy on a shared machine.
 ``--floor N`` first times N bare JetStream publishes through nats-py, one at a time, of
 a step's WAL entry size (``--floor-bytes``): the wall time and the client's user and
 system CPU of the one round trip a buffered step cannot do without, next to the saver's
-figures (``floor_*`` keys).
+figures (``floor_*`` keys). ``--floor-gap-ms G`` starts each one G ms after the previous
+one returned, as the round trips of a paced load start from an idle process (on a
+virtual machine each wake-up from idle costs CPU and time: compare with G = 0).
 """
 
 from __future__ import annotations
@@ -193,15 +195,21 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def publish_floor(url: str, *, count: int, size: int) -> dict[str, float]:
+async def publish_floor(
+    url: str, *, count: int, size: int, gap_ms: float = 0.0
+) -> dict[str, float]:
     """`count` bare nats-py JetStream publishes of `size` bytes, one at a time, on a file
     stream of their own (deleted after), after a tenth as many unmeasured: microseconds
-    per publish of wall time, user CPU and system CPU (the socket calls)."""
+    per publish of wall time (mean and median), user CPU and system CPU (the socket
+    calls). With `gap_ms`, each publish starts that long after the previous one returned,
+    from an idle process as a paced step's does: its CPU then includes the wake-ups."""
     import nats
     from nats.js.api import StorageType, StreamConfig
 
     name = f"FLOOR_{uuid.uuid4().hex[:8]}"
     body = b"x" * size
+    gap_s = gap_ms / 1000
+    walls: list[float] = []
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -211,19 +219,25 @@ async def publish_floor(url: str, *, count: int, size: int) -> dict[str, float]:
         try:
             for i in range(max(1, count // 10)):
                 await js.publish(f"{name}.{i % 64}", body)
-            before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            before = resource.getrusage(resource.RUSAGE_SELF)
             for i in range(count):
+                if gap_s > 0:
+                    await asyncio.sleep(gap_s)
+                began = time.perf_counter()
                 await js.publish(f"{name}.{i % 64}", body)
-            wall = time.perf_counter() - wall
+                walls.append(time.perf_counter() - began)
             after = resource.getrusage(resource.RUSAGE_SELF)
         finally:
             await js.delete_stream(name)
     finally:
         await nc.close()
+    walls.sort()
     return {
         "floor_publishes": count,
         "floor_bytes": size,
-        "floor_wall_us": round(1e6 * wall / count, 1),
+        "floor_gap_ms": gap_ms,
+        "floor_wall_us": round(1e6 * sum(walls) / count, 1),
+        "floor_wall_p50_us": round(1e6 * walls[count // 2], 1),
         "floor_user_us": round(1e6 * (after.ru_utime - before.ru_utime) / count, 1),
         "floor_sys_us": round(1e6 * (after.ru_stime - before.ru_stime) / count, 1),
     }
@@ -257,7 +271,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         floor = {}
         if args.floor:
-            floor = await publish_floor(url, count=args.floor, size=args.floor_bytes)
+            floor = await publish_floor(
+                url, count=args.floor, size=args.floor_bytes, gap_ms=args.floor_gap_ms
+            )
         return {**await measure(url, args), **floor}
     finally:
         if server is not None:
@@ -291,6 +307,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=3000,
         help="payload of the floor's publishes (about a step's WAL entry in the langgraph "
         "scenario)",
+    )
+    p.add_argument(
+        "--floor-gap-ms",
+        type=float,
+        default=0.0,
+        help="start each of the floor's publishes this long after the previous one "
+        "returned (from idle, as at a paced load: 1000 * threads / rate spreads a paced "
+        "run's steps this far apart); default back to back",
     )
     p.add_argument("--profile", help="write a cProfile of the measured steps to this file")
     p.add_argument("--json", help="append the run's figures to this file, one JSON line")

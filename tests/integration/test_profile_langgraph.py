@@ -14,6 +14,10 @@ async def test_publish_floor_times_publishes_and_deletes_its_stream(nats_url: st
     assert figures["floor_bytes"] == 300
     assert figures["floor_wall_us"] > 0
     assert figures["floor_user_us"] + figures["floor_sys_us"] > 0
+    paced = await publish_floor(nats_url, count=10, size=300, gap_ms=20)
+    assert paced["floor_gap_ms"] == 20
+    # Each publish is timed alone: the gaps between them are not in its wall time.
+    assert 0 < paced["floor_wall_p50_us"] < 20_000
     nc = await nats.connect(nats_url)
     try:
         names = [info.config.name for info in await nc.jetstream().streams_info()]
@@ -27,3 +31,5 @@ async def test_publish_floor_times_publishes_and_deletes_its_stream(nats_url: st
 def test_floor_is_off_unless_asked() -> None:
     assert parse([]).floor == 0
     assert parse(["--floor", "500", "--floor-bytes", "100"]).floor_bytes == 100
+    assert parse([]).floor_gap_ms == 0
+    assert parse(["--floor", "5", "--floor-gap-ms", "13.3"]).floor_gap_ms == 13.3
