@@ -313,8 +313,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="start each of the floor's publishes this long after the previous one "
-        "returned (from idle, as at a paced load: 1000 * threads / rate spreads a paced "
-        "run's steps this far apart); default back to back",
+        "returned (from idle, as at a paced load: a process serving `rate` steps/s in all "
+        "starts one about every 1000 / rate ms); default back to back",
     )
     p.add_argument("--profile", help="write a cProfile of the measured steps to this file")
     p.add_argument("--json", help="append the run's figures to this file, one JSON line")
