@@ -14,6 +14,7 @@ from typing import Any
 
 from ..harness import Bench
 from ..link import open_link
+from ..profile_langgraph import publish_floor
 from . import Outcome
 from .langgraph_graph import Shape, thread_id
 from .langgraph_pacing import paced_runs
@@ -75,6 +76,21 @@ def sizes(bench: Bench) -> Sizes:
     return Sizes(o.threads or 32, o.steps or 20, o.runs or 5, o.duration_s or 20.0)
 
 
+ROUND_TRIP_BYTES = 3000
+"""Payload of the bare publishes timed beside the judged point (about a step's entry)."""
+
+
+async def round_trip_from_idle(bench: Bench, rate_per_s: float) -> dict[str, float]:
+    """Bare JetStream publishes through nats-py, one at a time, each starting 1/rate s
+    after the previous one returned, as the steps of the judged point start from an
+    idle process: the one round trip a buffered step cannot do without, at this load
+    on this machine (`profile_langgraph.publish_floor`)."""
+    count = 20 if bench.options.quick else 200
+    gap_ms = round(1000 / rate_per_s, 2)
+    bench.say(f"one round trip from idle: {count} bare publishes, {gap_ms:g} ms apart")
+    return await publish_floor(bench.nats_url, count=count, size=ROUND_TRIP_BYTES, gap_ms=gap_ms)
+
+
 # -- the scenario --------------------------------------------------------------------------
 
 
@@ -88,6 +104,7 @@ async def run(bench: Bench) -> Outcome:
         bench.say(f"link: {link.describe()}")
     phases: dict[str, dict[str, Any]] = {}
     shapes: dict[str, Shape] = {}
+    round_trip: dict[str, float] | None = None
     try:
         sides = {key: await prepare_side(bench, key, link) for key in SIDES}
         shapes["max"] = Shape(n.threads, n.steps, n.runs)
@@ -112,6 +129,8 @@ async def run(bench: Bench) -> Outcome:
                 phases[f"{key}_{phase}"] = await run_phase(
                     bench, sides[key], phase, shapes[phase], link
                 )
+            if fraction == JUDGED:
+                round_trip = await round_trip_from_idle(bench, fraction * d_max)
     finally:
         if link is not None:
             await link.proxy.stop()
@@ -137,7 +156,7 @@ async def run(bench: Bench) -> Outcome:
         bench.note(f"correctness check failed: {check['summary']}")
     return Outcome(
         sides=ordered,
-        targets=judge(ordered, delay_ms=delay),
+        targets=judge(ordered, delay_ms=delay, round_trip=round_trip),
         parameters={
             **asdict(n),
             "paced_runs": runs,
@@ -147,6 +166,7 @@ async def run(bench: Bench) -> Outcome:
             "pool_size_direct": POOL_SIZE,
             "durability": "sync",
             "db_delay_ms": delay,
+            "round_trip_from_idle": round_trip,
             **({"link": link.figures()} if link else {}),
         },
         sections=sections(ordered, check, link.describe() if link else None),

@@ -251,6 +251,8 @@ def check_langgraph(data: dict[str, Any], report: str) -> None:
     assert all(t["met"] is None for t in data["targets"][3:])
     assert params["db_delay_ms"] == 0.0
     assert "link" not in params
+    assert params["round_trip_from_idle"]["floor_wall_p50_us"] > 0
+    assert "from idle at this pace" in data["targets"][0]["measured"]
     for key, side in data["sides"].items():
         assert "proxy" not in side["cpu"]["seconds"], key
     for title in ("Phases side by side", "Flusher", "Correctness after force_flush_all"):

@@ -516,6 +516,12 @@ def test_langgraph_remote_targets_need_the_flusher_to_keep_up_for_the_rate() -> 
         "lg_pg_tx": None,
     }
     assert all("+2 ms link" in t["figure"] for t in judged)
+    floor = {"floor_bytes": 3000.0, "floor_gap_ms": 13.33, "floor_wall_p50_us": 812.4}
+    with_floor = {t["id"]: t for t in judge(lg_phases(), delay_ms=2.0, round_trip=floor)}
+    assert (
+        "one bare JetStream publish of 3,000 bytes from idle at this pace (13.33 ms apart): "
+        "p50 0.81 ms" in with_floor["lg_p50"]["measured"]
+    )
 
     slow_drain = {t["id"]: t for t in judge(lg_phases(drain=2.5), delay_ms=2.0)}
     assert slow_drain["lg_remote_rate"]["ratio"] == pytest.approx(10_000 / 22.5 / 150)
