@@ -27,12 +27,12 @@ from tests.integration.test_flusher import (
     FAST,
     Writer,
     consumer_state,
-    eventually,
     flushed_to,
     start,
     tid,
 )
 from tests.plugins.stores import ConfigFactory
+from tests.plugins.waiting import eventually
 
 
 @pytest.fixture
