@@ -71,8 +71,10 @@ class HotUpdates(Generic[H, S]):
     they read the subject's last message beside it (`ThreadLog.latest`) and walk what
     it does not cover. A write's update that finds another in flight for its thread
     waits for it and then writes the newest record only (writes outrunning the updates
-    cost fewer of them). An update that fails is dropped (the next write's update
-    carries a newer record); `settled` waits for what is queued or in flight.
+    cost fewer of them). An update is retried while the WAL is unreachable
+    (`Writer.advance_hot`) until it lands or the writer closes; one that fails otherwise
+    is dropped, and the thread's next write queues a newer record. `settled` waits for
+    what is queued or in flight.
 
     With `linger_s`, an update waits that long before it is written, so that the writes
     of the thread made meanwhile share it (and its round trip runs while the caller is
