@@ -333,11 +333,17 @@ class CpuMeter:
         self._last: dict[str, tuple[int, float]] = {}
 
     def sample(self) -> dict[str, float]:
-        """Cumulative CPU seconds per name, and `total`."""
+        """Cumulative CPU seconds per name, and `total`; each name's run-queue wait under
+        `WAITED + name` (not in the total)."""
         out: dict[str, float] = {}
+        waits: dict[str, float] = {}
         for name, get_pid in self._pids.items():
             pid = get_pid()
-            value = _process_cpu(pid, children=name in self._with_children) if pid else None
+            children = name in self._with_children
+            value = _process_cpu(pid, children=children) if pid else None
+            waited = runqueue_wait_s(pid, children=children) if pid else None
+            if waited is not None:
+                waits[WAITED + name] = waited
             last = self._last.get(name)
             if last is not None and (pid != last[0] or value is None):
                 self._base[name] += last[1]
@@ -347,11 +353,7 @@ class CpuMeter:
             out[name] = self._base[name] + (value if value is not None and pid else 0.0)
         out["total"] = sum(out.values())
         out["machine_busy"] = machine_busy_s()
-        for name, get_pid in self._pids.items():
-            pid = get_pid()
-            waited = runqueue_wait_s(pid, children=name in self._with_children) if pid else None
-            if waited is not None:
-                out[WAITED + name] = waited
+        out.update(waits)
         return out
 
 

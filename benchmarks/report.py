@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .machine import SPEED_LOOP_ADDITIONS, SPEED_SLEEP_S
+
 Row = tuple[str, Callable[[dict[str, Any]], Any], str]
 
 
@@ -166,9 +168,10 @@ def speed_line(speed: dict[str, dict[str, float]] | None) -> str:
         return "Machine speed: not measured (a run older than the probe)."
     start, end = speed["at_start"], speed["at_end"]
     return (
-        f"Machine speed: a plain-Python loop of 3 million additions took "
-        f"{start['python_loop_s']:.3f} s at the start, {end['python_loop_s']:.3f} s at the "
-        f"end; a wake-up from a 5 ms asyncio sleep cost {start['wake_cpu_us']:.0f} and "
+        f"Machine speed: a plain-Python loop of {SPEED_LOOP_ADDITIONS / 1e6:g} million "
+        f"additions took {start['python_loop_s']:.3f} s at the start, "
+        f"{end['python_loop_s']:.3f} s at the end; a wake-up from a "
+        f"{SPEED_SLEEP_S * 1000:g} ms asyncio sleep cost {start['wake_cpu_us']:.0f} and "
         f"{end['wake_cpu_us']:.0f} µs of CPU (figures of different days compare only "
         "beside these)."
     )

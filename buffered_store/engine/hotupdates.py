@@ -86,7 +86,6 @@ class HotUpdates(Generic[H, S]):
 
     def __init__(self, writer: Writer[Any, H, S], *, linger_s: float = 0.0) -> None:
         self._writer = writer
-        self._linger_s = linger_s
         self._lingering = LingerQueue(linger_s, linger_s / 2)
         self._timer: asyncio.TimerHandle | None = None
         self._hurrying = 0
@@ -150,15 +149,12 @@ class HotUpdates(Generic[H, S]):
         """Start the thread's update now, or when its linger ends."""
         if self._closed:
             return
-        if self._linger_s <= 0 or self._hurrying:
+        if self._lingering.linger_s <= 0 or self._hurrying:
             self._start(thread_id)
             return
         loop = asyncio.get_running_loop()
         self._lingering.add(thread_id, loop.time())
-        if self._timer is None:
-            end = self._lingering.next_end()
-            assert end is not None
-            self._timer = loop.call_at(end, self._tick)
+        self._arm(loop)
 
     def _tick(self) -> None:
         """The first linger is over: start its update and those due soon after it."""
@@ -166,8 +162,12 @@ class HotUpdates(Generic[H, S]):
         loop = asyncio.get_running_loop()
         for thread_id in self._lingering.take(loop.time()):
             self._start(thread_id)
+        self._arm(loop)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Set the timer for the first linger's end, unless it is set or nobody waits."""
         end = self._lingering.next_end()
-        if end is not None:
+        if self._timer is None and end is not None:
             self._timer = loop.call_at(end, self._tick)
 
     def _start(self, thread_id: str) -> None:
