@@ -55,6 +55,8 @@ from buffered_store.langgraph.memory_sink import MemoryLangGraphSink
 from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.nats import NatsWal
 
+from .measure import runqueue_wait_s
+
 FILLER = "x" * 180
 RUN_STEPS = 20
 """Steps after which the messages are read back as new objects (a new run)."""
@@ -201,8 +203,10 @@ async def publish_floor(
     """`count` bare nats-py JetStream publishes of `size` bytes, one at a time, on a file
     stream of their own (deleted after), after a tenth as many unmeasured: microseconds
     per publish of wall time (mean and median), user CPU and system CPU (the socket
-    calls). With `gap_ms`, each publish starts that long after the previous one returned,
-    from an idle process as a paced step's does: its CPU then includes the wake-ups."""
+    calls), and, where Linux reports it, the time this process's threads were runnable
+    but waited for a core (`floor_wait_us`). With `gap_ms`, each publish starts that long
+    after the previous one returned, from an idle process as a paced step's does: its
+    CPU then includes the wake-ups."""
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -220,6 +224,7 @@ async def publish_floor(
             for i in range(max(1, count // 10)):
                 await js.publish(f"{name}.{i % 64}", body)
             before = resource.getrusage(resource.RUSAGE_SELF)
+            waited = runqueue_wait_s(os.getpid())
             for i in range(count):
                 if gap_s > 0:
                     await asyncio.sleep(gap_s)
@@ -227,12 +232,13 @@ async def publish_floor(
                 await js.publish(f"{name}.{i % 64}", body)
                 walls.append(time.perf_counter() - began)
             after = resource.getrusage(resource.RUSAGE_SELF)
+            waited_after = runqueue_wait_s(os.getpid())
         finally:
             await js.delete_stream(name)
     finally:
         await nc.close()
     walls.sort()
-    return {
+    figures = {
         "floor_publishes": count,
         "floor_bytes": size,
         "floor_gap_ms": gap_ms,
@@ -241,6 +247,9 @@ async def publish_floor(
         "floor_user_us": round(1e6 * (after.ru_utime - before.ru_utime) / count, 1),
         "floor_sys_us": round(1e6 * (after.ru_stime - before.ru_stime) / count, 1),
     }
+    if waited is not None and waited_after is not None:
+        figures["floor_wait_us"] = round(1e6 * (waited_after - waited) / count, 1)
+    return figures
 
 
 async def _delete_objects(url: str, config: LangGraphConfig) -> None:

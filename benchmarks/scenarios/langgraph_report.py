@@ -178,6 +178,15 @@ def _q(side: dict[str, Any], q: str) -> float | None:
     return float(value) if value is not None else None
 
 
+def graphs_wait_ms(side: dict[str, Any]) -> float | None:
+    """Milliseconds per step the graphs' process (the harness) was runnable but waited
+    for a core over the phase: the part of a step's latency the other processes' work
+    on the same cores adds (None when the kernel does not report it)."""
+    waited = side_get(side, "cpu", "runqueue_wait_seconds", "harness")
+    steps = side.get("steps")
+    return waited * 1000 / steps if waited is not None and steps else None
+
+
 def judge(
     phases: dict[str, dict[str, Any]],
     *,
@@ -205,11 +214,19 @@ def judge(
     gap = None if b50 is None or f50 is None else b50 - f50
     floor_text = ""
     if round_trip is not None:
+        waited = round_trip.get("floor_wait_us")
         floor_text = (
             f"; one bare JetStream publish of {round_trip['floor_bytes']:,.0f} bytes from "
             f"idle at this pace ({round_trip['floor_gap_ms']:g} ms apart): p50 "
-            f"{round_trip['floor_wall_p50_us'] / 1000:.2f} ms, the least a write "
-            "acknowledged after one round trip adds"
+            f"{round_trip['floor_wall_p50_us'] / 1000:.2f} ms"
+            + ("" if waited is None else f" (waiting for a core {waited / 1000:.2f} ms, mean)")
+            + ", the least a write acknowledged after one round trip adds"
+        )
+    b_wait, f_wait = graphs_wait_ms(buffered), graphs_wait_ms(floor)
+    if b_wait is not None and f_wait is not None:
+        floor_text += (
+            f"; the graphs' process waited for a core {b_wait:.2f} ms per step "
+            f"(InMemorySaver's {f_wait:.2f} ms)"
         )
     out = [
         target(

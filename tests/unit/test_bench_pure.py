@@ -523,6 +523,27 @@ def test_langgraph_remote_targets_need_the_flusher_to_keep_up_for_the_rate() -> 
         "p50 0.81 ms" in with_floor["lg_p50"]["measured"]
     )
 
+    assert "waited for a core" not in with_floor["lg_p50"]["measured"]
+    assert "waiting for a core" not in with_floor["lg_p50"]["measured"]
+    waited = {
+        t["id"]: t
+        for t in judge(lg_phases(), delay_ms=2.0, round_trip={**floor, "floor_wait_us": 215.0})
+    }
+    assert (
+        "p50 0.81 ms (waiting for a core 0.21 ms, mean), the least a write"
+        in waited["lg_p50"]["measured"]
+    )
+
+    # Each side's run-queue wait of the graphs' process, per step (2,000 steps a phase).
+    waits = lg_phases()
+    waits["buffered_50"]["cpu"]["runqueue_wait_seconds"] = {"harness": 0.6, "postgres": 9.0}
+    waits["floor_50"]["cpu"]["runqueue_wait_seconds"] = {"harness": 0.05}
+    p50_waits = judge(waits, delay_ms=0.0)[0]["measured"]
+    assert (
+        "the graphs' process waited for a core 0.30 ms per step (InMemorySaver's 0.03 ms)"
+        in p50_waits
+    )
+
     slow_drain = {t["id"]: t for t in judge(lg_phases(drain=2.5), delay_ms=2.0)}
     assert slow_drain["lg_remote_rate"]["ratio"] == pytest.approx(10_000 / 22.5 / 150)
     assert slow_drain["lg_remote_rate"]["met"] is False
