@@ -26,6 +26,9 @@ system CPU of the one round trip a buffered step cannot do without, next to the 
 figures (``floor_*`` keys). ``--floor-gap-ms G`` starts each one G ms after the previous
 one returned, as the round trips of a paced load start from an idle process (on a
 virtual machine each wake-up from idle costs CPU and time: compare with G = 0).
+
+``--timeline`` marks the clock at each stage of the measured steps' write path and
+reports each stage's median (``timeline`` key; the stages are in `step_timeline`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.nats import NatsWal
 
 from .measure import runqueue_wait_s
+from .step_timeline import marking, stage_times
 
 FILLER = "x" * 180
 RUN_STEPS = 20
@@ -158,6 +162,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     saver = BufferedCheckpointSaver(cast(LangGraphSink, MemoryLangGraphSink()), wal, config)
     profiler = cProfile.Profile() if args.profile else None
     latencies: list[float] = []
+    marks: list[tuple[float, str]] = []
     try:
         warm: list[float] = []
         await asyncio.gather(
@@ -167,12 +172,13 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         if profiler is not None:
             profiler.enable()
         interval_s = args.threads / args.rate if args.rate else 0.0
-        await asyncio.gather(
-            *(
-                thread(saver, f"t-{i}", args.steps, latencies, interval_s)
-                for i in range(args.threads)
+        with marking(marks) if args.timeline else contextlib.nullcontext():
+            await asyncio.gather(
+                *(
+                    thread(saver, f"t-{i}", args.steps, latencies, interval_s)
+                    for i in range(args.threads)
+                )
             )
-        )
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
@@ -194,6 +200,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "wall_ms_per_step": round(1000 * wall / steps, 4),
         "entries": stats["entries"],
         "joined_writes": stats["joined_writes"],
+        **({"timeline": stage_times(marks)} if args.timeline else {}),
     }
 
 
@@ -324,6 +331,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="start each of the floor's publishes this long after the previous one "
         "returned (from idle, as at a paced load: a process serving `rate` steps/s in all "
         "starts one about every 1000 / rate ms); default back to back",
+    )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="mark the clock at each stage of the measured steps' write path; report each "
+        "stage's median over the steps that ran alone (`step_timeline`)",
     )
     p.add_argument("--profile", help="write a cProfile of the measured steps to this file")
     p.add_argument("--json", help="append the run's figures to this file, one JSON line")

@@ -8,7 +8,8 @@ import nats
 from nats.js.errors import NotFoundError
 
 from benchmarks.measure import runqueue_wait_s
-from benchmarks.profile_langgraph import parse, publish_floor
+from benchmarks.profile_langgraph import main, parse, publish_floor
+from benchmarks.step_timeline import STAGES
 
 
 async def test_publish_floor_times_publishes_and_deletes_its_stream(nats_url: str) -> None:
@@ -39,4 +40,30 @@ def test_floor_is_off_unless_asked() -> None:
     assert parse([]).floor == 0
     assert parse(["--floor", "500", "--floor-bytes", "100"]).floor_bytes == 100
     assert parse([]).floor_gap_ms == 0
+    assert parse([]).timeline is False
+    assert parse(["--timeline"]).timeline is True
     assert parse(["--floor", "5", "--floor-gap-ms", "13.3"]).floor_gap_ms == 13.3
+
+
+async def test_timeline_marks_every_stage_of_a_paced_step_and_puts_the_calls_back(
+    nats_url: str,
+) -> None:
+    import asyncio
+
+    from buffered_store.langgraph import BufferedCheckpointSaver
+
+    aput, received = BufferedCheckpointSaver.aput, asyncio.StreamReaderProtocol.data_received
+    args = parse(
+        ["--nats-url", nats_url, "--threads", "2", "--steps", "6", "--warm", "2", "--rate", "100"]
+    )
+    args.timeline = True
+    figures = await main(args)
+    assert figures["steps"] == 12
+    timeline = figures["timeline"]
+    assert list(timeline) == [name for name, _ in STAGES]
+    # Two threads 20 ms apart at 100 steps/s: most steps run alone.
+    assert all(0 < stage["steps"] <= 12 for stage in timeline.values())
+    assert all(stage["p50_us"] > 0 for stage in timeline.values())
+    assert BufferedCheckpointSaver.aput is aput
+    assert asyncio.StreamReaderProtocol.data_received is received
+    assert "timeline" not in await main(parse(["--nats-url", nats_url, "--steps", "2"]))
