@@ -69,16 +69,19 @@ def backlog_figures(
 
 
 def troughs(points: Sequence[tuple[float, float]], window_s: float) -> list[tuple[float, float]]:
-    """The lowest point of every `window_s` of `points` (sorted by time)."""
+    """The lowest point of every whole `window_s` of `points` (sorted by time). A last
+    window the samples stop short of (by more than their mean spacing) is left out: its
+    lowest sample may lie anywhere on the sawtooth, not at a trough."""
     if not points:
         return []
-    start = points[0][0]
+    start, end = points[0][0], points[-1][0]
+    spacing = (end - start) / (len(points) - 1) if len(points) > 1 else 0.0
     lowest: dict[int, tuple[float, float]] = {}
     for t, b in points:
         slot = int((t - start) // window_s)
         if slot not in lowest or b < lowest[slot][1]:
             lowest[slot] = (t, b)
-    return [lowest[k] for k in sorted(lowest)]
+    return [lowest[k] for k in sorted(lowest) if start + (k + 1) * window_s <= end + spacing]
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float | None:

@@ -20,7 +20,7 @@ from buffered_store.stores.memory import InMemoryThreadRunStore
 # The harness is installed as `buffered_store.benchmarks`; mypy checks the repository's
 # folder as the top-level package `benchmarks` (pyproject [tool.mypy] packages).
 if TYPE_CHECKING:
-    from benchmarks.flush import backlog_figures
+    from benchmarks.flush import backlog_figures, troughs
     from benchmarks.harness import Bench, Options
     from benchmarks.measure import (
         WAITED,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from benchmarks.sides import sample_loop
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
-    from buffered_store.benchmarks.flush import backlog_figures
+    from buffered_store.benchmarks.flush import backlog_figures, troughs
     from buffered_store.benchmarks.harness import Bench, Options
     from buffered_store.benchmarks.measure import (
         WAITED,
@@ -247,12 +247,33 @@ def test_a_backlog_too_short_for_three_troughs_has_no_trend() -> None:
     assert backlog_trend({"flush": {"backlog": old_results}}) == 12.0
 
 
+def test_a_last_window_the_samples_stop_short_of_is_no_trough() -> None:
+    # The closed loop of a `langgraph --db-delay-ms 2` run (2026-11-27, b9f9a7a): 6.49 s
+    # of writes, a flat sawtooth between about 60 and 470 entries, drained 0.41 s after
+    # the writes. The second half's last window held two samples, both high on the
+    # sawtooth; read as a trough it made a trend of +97 entries/s ("growing").
+    t = [0.03, 0.3, 0.57, 0.84, 1.12, 1.41, 1.68, 1.96, 2.23, 2.56, 2.87, 3.15, 3.42]
+    t += [3.69, 3.98, 4.28, 4.55, 4.82, 5.11, 5.39, 5.67, 5.94, 6.22, 6.48]
+    b = [0, 0, 64, 305, 512, 221, 107, 299, 467, 254, 82, 226, 192, 391, 221, 57, 256]
+    b += [192, 286, 126, 229, 157, 349, 272]
+    figures = backlog_figures(t, b, writes_end_s=6.49, warm_s=1.298)
+    assert figures["trough_slope_per_s_second_half"] is None  # two whole windows
+    assert troughs([(0.0, 5.0), (0.5, 1.0), (1.0, 4.0), (1.25, 9.0)], 1.0) == [(0.5, 1.0)]
+    # Samples that reach the window's end within their spacing make it whole.
+    assert troughs([(0.0, 5.0), (0.5, 1.0), (1.0, 4.0), (1.5, 2.0)], 1.0) == [
+        (0.5, 1.0),
+        (1.5, 2.0),
+    ]
+
+
 def test_backlog_trend_ignores_where_the_sampling_falls_in_the_cycle() -> None:
     # Samples drifting against the cycle: every sample's slope swings, the troughs' does not.
     t = [i * 0.27 for i in range(74)]
     b = [800 * (x % 0.5) * 2 + 200 for x in t]
     figures = backlog_figures(t, b, writes_end_s=20.0, warm_s=2.0)
-    assert abs(figures["trough_slope_per_s_second_half"]) < 5
+    # Within 1% of the 1,600 entries/s the sawtooth fills at: flat, either way.
+    assert abs(figures["trough_slope_per_s_second_half"]) < 16
+    assert not backlog_growing(figures["trough_slope_per_s_second_half"], 1600.0)
     assert figures["max"] > 900
 
 
