@@ -180,8 +180,8 @@ def _q(side: dict[str, Any], q: str) -> float | None:
 
 def graphs_wait_ms(side: dict[str, Any]) -> float | None:
     """Milliseconds per step the graphs' process (the harness) was runnable but waited
-    for a core over the phase: the part of a step's latency the other processes' work
-    on the same cores adds (None when the kernel does not report it)."""
+    for a core over the phase: behind other processes' work, and on a virtual machine
+    for an idle core to wake (None when the kernel does not report it)."""
     waited = side_get(side, "cpu", "runqueue_wait_seconds", "harness")
     steps = side.get("steps")
     return waited * 1000 / steps if waited is not None and steps else None
