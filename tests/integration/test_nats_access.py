@@ -11,6 +11,7 @@ JWTs are signed in `access_servers`), TLS with a private CA that verifies client
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -326,7 +327,17 @@ async def test_no_output_or_log_line_shows_the_password(
 ) -> None:
     names = unique_names()
     await round_trip(store_config(nats_url=auth_url(auth_nats), **names))
-    outputs: list[str] = []
+    commands: list[list[str] | None] = [
+        ["health"],
+        ["health", "--json"],
+        ["status"],
+        ["status", "--json"],
+        ["force-flush", "--all"],
+        ["force-flush", "t1"],
+        ["quarantine", "list"],
+        None,  # the flusher service
+    ]
+    jobs = []
     for url in (auth_url(auth_nats), auth_url(auth_nats, PASSWORD + "-wrong"), unused_url()):
         env = {
             "BUFSTORE_NATS_URL": url,
@@ -336,18 +347,19 @@ async def test_no_output_or_log_line_shows_the_password(
             "BUFSTORE_SCHEMA": schema_name,
             **names_env(names),
         }
-        for args in (
-            ["health"],
-            ["health", "--json"],
-            ["status"],
-            ["status", "--json"],
-            ["force-flush", "--all"],
-            ["force-flush", "t1"],
-            ["quarantine", "list"],
-        ):
-            done = bufstore(*args, env=env)
-            outputs.append(f"$ {' '.join(args)}\n{done.stdout}{done.stderr}")
-        outputs.append(await asyncio.to_thread(run_flusher_briefly, env))
+        jobs += [(args, env) for args in commands]
+
+    def output(job: tuple[list[str] | None, dict[str, str]]) -> str:
+        args, env = job
+        if args is None:
+            return run_flusher_briefly(env)
+        done = bufstore(*args, env=env)
+        return f"$ {' '.join(args)}\n{done.stdout}{done.stderr}"
+
+    # Independent processes, most of them waiting for a connection to fail: a few at once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        outputs = await asyncio.to_thread(lambda: list(pool.map(output, jobs)))
+    assert len(outputs) == 3 * len(commands)
     text = "\n".join(outputs)
     assert PASSWORD not in text
     assert "svc:***@" in text  # the URLs are there, masked
