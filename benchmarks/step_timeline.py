@@ -136,10 +136,11 @@ def marking(marks: list[tuple[float, str]]) -> Iterator[None]:
             return
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if before:
+            marked = when is None or when(kwargs)
+            if before and marked:
                 note(before)
             result = original(*args, **kwargs)
-            if after:
+            if after and marked:
                 note(after)
             return result
 
