@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import nats
@@ -10,6 +11,7 @@ from nats.js.errors import NotFoundError
 from benchmarks.measure import runqueue_wait_s
 from benchmarks.profile_langgraph import main, parse, publish_floor
 from benchmarks.step_timeline import STAGES
+from buffered_store.langgraph import BufferedCheckpointSaver
 
 
 async def test_publish_floor_times_publishes_and_deletes_its_stream(nats_url: str) -> None:
@@ -48,21 +50,15 @@ def test_floor_is_off_unless_asked() -> None:
 async def test_timeline_marks_every_stage_of_a_paced_step_and_puts_the_calls_back(
     nats_url: str,
 ) -> None:
-    import asyncio
-
-    from buffered_store.langgraph import BufferedCheckpointSaver
-
     aput, received = BufferedCheckpointSaver.aput, asyncio.StreamReaderProtocol.data_received
-    args = parse(
-        ["--nats-url", nats_url, "--threads", "2", "--steps", "6", "--warm", "2", "--rate", "100"]
-    )
-    args.timeline = True
-    figures = await main(args)
-    assert figures["steps"] == 12
+    # One thread: no step overlaps another (with two, their random slots may make every
+    # step overlap on a busy machine, and none would be attributed).
+    paced = ["--threads", "1", "--steps", "6", "--warm", "2", "--rate", "50", "--timeline"]
+    figures = await main(parse(["--nats-url", nats_url, *paced]))
+    assert figures["steps"] == 6
     timeline = figures["timeline"]
     assert list(timeline) == [name for name, _ in STAGES]
-    # Two threads 20 ms apart at 100 steps/s: most steps run alone.
-    assert all(0 < stage["steps"] <= 12 for stage in timeline.values())
+    assert all(stage["steps"] == 6 for stage in timeline.values())
     assert all(stage["p50_us"] > 0 for stage in timeline.values())
     assert BufferedCheckpointSaver.aput is aput
     assert asyncio.StreamReaderProtocol.data_received is received
