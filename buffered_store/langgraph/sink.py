@@ -70,6 +70,14 @@ CREATE TABLE IF NOT EXISTS {WATERMARKS} (
     owner TEXT
 )"""
 
+SETUP_LOCK_NAMESPACE = 0x42554C47
+"""First key ("BULG") of the advisory lock `LangGraphSink.setup` holds; the second is a
+hash of the schema it sets up."""
+SETUP_LOCK_POLL_S = 0.05
+"""Pause between two tries for that lock."""
+SETUP_TURN_S = 60.0
+"""How long `LangGraphSink.setup` waits for its turn by default."""
+
 APPLY_ATTEMPTS = 5
 """Runs of one flush transaction a deadlock or serialization failure may take."""
 
@@ -235,11 +243,44 @@ class LangGraphSink(SinkReads):
         except psycopg.Error as exc:
             raise translate(exc, what) from exc
 
-    async def setup(self) -> None:
-        """LangGraph's own migrations (AsyncPostgresSaver.setup), then our watermarks."""
+    async def setup(self, *, turn_timeout_s: float = SETUP_TURN_S) -> None:
+        """LangGraph's own migrations (AsyncPostgresSaver.setup), then our watermarks.
+
+        Processes setting up one schema at once (an application and its flusher deployed
+        together) take turns: LangGraph's migrations alone are not safe to run side by
+        side (two sessions creating the same table race in the catalog and one fails).
+        The turn is a session advisory lock on the schema, taken by trying it every
+        `SETUP_LOCK_POLL_S`, not by waiting in ``pg_advisory_lock``: a session waiting
+        there holds a snapshot, which the migrations' ``CREATE INDEX CONCURRENTLY`` in the
+        session holding the lock would wait for in turn. A turn that does not come within
+        `turn_timeout_s` raises `DatabaseUnavailableError`."""
         async with self.connection("setup") as conn:
-            await AsyncPostgresSaver(conn).setup()
-            await conn.execute(CREATE_WATERMARKS)
+            await self._setup_turn(conn, turn_timeout_s)
+            try:
+                await AsyncPostgresSaver(conn).setup()
+                await conn.execute(CREATE_WATERMARKS)
+            finally:
+                await conn.execute(
+                    "SELECT pg_advisory_unlock(%s, hashtext(current_schema()))",
+                    (SETUP_LOCK_NAMESPACE,),
+                )
+
+    async def _setup_turn(self, conn: Connection, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(current_schema())) AS taken",
+                (SETUP_LOCK_NAMESPACE,),
+            )
+            row = await cur.fetchone()
+            if row is not None and row["taken"]:
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                raise DatabaseUnavailableError(
+                    f"setup: another session has been setting up this schema for more "
+                    f"than {timeout_s:g} s (advisory lock {SETUP_LOCK_NAMESPACE:#x})"
+                )
+            await asyncio.sleep(SETUP_LOCK_POLL_S)
 
     # -- FlushSink ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
 from buffered_store.engine.flushing import ApplyStatus
 from buffered_store.engine.keys import msg_id, wal_subject
-from buffered_store.errors import SchemaError
+from buffered_store.errors import DatabaseUnavailableError, SchemaError
 from buffered_store.langgraph import LG_FORMAT, BufferedCheckpointSaver, LangGraphConfig
 from buffered_store.langgraph.entry import (
     BlobRow,
@@ -31,7 +31,12 @@ from buffered_store.langgraph.entry import (
     encode_entry,
 )
 from buffered_store.langgraph.flushplan import WATERMARKS, Statement
-from buffered_store.langgraph.sink import LangGraphSink, culprit, failure_of
+from buffered_store.langgraph.sink import (
+    SETUP_LOCK_NAMESPACE,
+    LangGraphSink,
+    culprit,
+    failure_of,
+)
 from buffered_store.nats import NatsWal
 from buffered_store.stores.postgres_errors import DbFailure
 from flusher import Flusher, FlusherConfig
@@ -266,6 +271,36 @@ async def test_tables_not_set_up_say_so_and_how_to_fix_it(schemas: tuple[str, st
             await sink.apply([[put_entry(thread(), 1, "c1")]])
     finally:
         await sink.close()
+
+
+async def test_processes_setting_up_one_schema_at_once_take_turns(
+    schemas: tuple[str, str],
+) -> None:
+    """Four sinks set up one fresh schema at the same moment (an application and its
+    flusher deployed together): all succeed, where LangGraph's migrations run side by side
+    fail with a duplicate catalog entry. A turn held elsewhere for longer than
+    `turn_timeout_s` fails with a message naming the lock; once released, setup goes on."""
+    _, fresh = schemas
+    sinks = [await LangGraphSink.open(fresh) for _ in range(4)]
+    try:
+        await asyncio.gather(*(sink.setup() for sink in sinks))
+        assert await sinks[0].flushed_seqs(["t"]) == {"t": 0}
+    finally:
+        for sink in sinks:
+            await sink.close()
+
+    patient = await LangGraphSink.open(fresh)
+    try:
+        async with await psycopg.AsyncConnection.connect(fresh, autocommit=True) as holder:
+            await holder.execute(
+                "SELECT pg_advisory_lock(%s, hashtext(current_schema()))",
+                (SETUP_LOCK_NAMESPACE,),
+            )
+            with pytest.raises(DatabaseUnavailableError, match="setting up this schema"):
+                await patient.setup(turn_timeout_s=0.3)
+        await patient.setup(turn_timeout_s=0.3)
+    finally:
+        await patient.close()
 
 
 async def test_a_stalled_flush_transaction_is_abandoned_and_releases_its_locks(
