@@ -1,9 +1,10 @@
 """`bufstore flusher` and `bufstore quarantine list|replay|drop`.
 
-Loaded by the `bufstore` command line through the ``bufstore.commands`` entry point
-(`register`), so `buffered_store` never imports this package. Configuration comes from
-``BUFSTORE_*`` variables (`FlusherConfig.from_env`), options override them; progress and
-logs go to stderr, results to stdout.
+Loaded by the `bufstore` command line through the ``bufstore.commands`` entry points
+(`register_flusher`, `register_quarantine`: one per command), so `buffered_store` never
+imports this package. Configuration comes from ``BUFSTORE_*`` variables
+(`FlusherConfig.from_env`), options override them; progress and logs go to stderr,
+results to stdout.
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ STARTUP_RETRY_INITIAL_S = 0.2
 STARTUP_RETRY_MAX_S = 5.0
 
 
-def register(group: click.Group) -> None:
-    """Add the flusher's commands to the `bufstore` group."""
+def register_flusher(group: click.Group) -> None:
+    """The ``flusher`` entry point: `bufstore flusher`."""
     group.add_command(flusher_command)
+
+
+def register_quarantine(group: click.Group) -> None:
+    """The ``quarantine`` entry point: `bufstore quarantine ...`."""
     group.add_command(quarantine)
 
 

@@ -12,19 +12,28 @@ _COMMAND_MODULES = ("db", "store", "spark", "health")
 
 class _PluginGroup(click.Group):
     """Adds the commands of packages layered on top of this one (the flusher, the
-    benchmarks) from the "bufstore.commands" entry-point group, on first use.
+    benchmarks) from the "bufstore.commands" entry-point group, when asked for.
 
-    Loading them lazily keeps the import direction one way and lets those packages
+    Each entry point is named after the command it adds. A command of this package runs
+    without loading any of them, and a plugin's command loads its own entry point only:
+    `bufstore status` does not import the flusher, nor `bufstore flusher` the benchmark
+    harness and its plotting library. Listing the commands (``--help``) loads them all.
+    Loading them lazily also keeps the import direction one way and lets those packages
     import `buffered_store.cli.common` without a cycle.
     """
 
-    _loaded = False
+    _tried: frozenset[str] | None = None
+    """Entry-point names loaded so far (None: not one; every one after a listing)."""
 
-    def _load_plugins(self) -> None:
-        if self._loaded:
+    def _load(self, name: str | None) -> None:
+        tried = self._tried or frozenset()
+        if name in tried or "" in tried:
             return
-        self._loaded = True
-        for entry in entry_points(group="bufstore.commands"):
+        found = entry_points(group="bufstore.commands")
+        if name is not None:
+            found = found.select(name=name)
+        self._tried = tried | {name if name is not None else ""}
+        for entry in found:
             try:
                 register = entry.load()
             except ImportError as exc:
@@ -32,15 +41,19 @@ class _PluginGroup(click.Group):
                 # commands down with it.
                 click.echo(f"bufstore: command group {entry.name!r} unavailable: {exc}", err=True)
                 continue
-            register(self)
+            if entry.name not in self.commands:
+                register(self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        self._load_plugins()
+        self._load(None)
         return super().list_commands(ctx)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        self._load_plugins()
-        return super().get_command(ctx, cmd_name)
+        command = super().get_command(ctx, cmd_name)
+        if command is None:
+            self._load(cmd_name)
+            command = super().get_command(ctx, cmd_name)
+        return command
 
 
 @click.group(cls=_PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
