@@ -73,9 +73,14 @@ java:
 	$(pg_ok) || { echo "make java: PostgreSQL server binaries still missing" >&2; exit 1; }; \
 	echo "make java: ok ($$(java -version 2>&1 | head -n1); JDBC jar $(JDBC_JAR))"
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on servers and
+# child processes, so a 2-core machine runs three at once); each worker starts its own
+# throwaway servers unless NATS_URL/DATABASE_URL name shared ones. TEST_WORKERS=0 runs
+# everything in one process.
+TEST_WORKERS ?= 3
 test: install java
-	@echo "test services: NATS=$${NATS_URL:-throwaway nats-server} Postgres=$${DATABASE_URL:-throwaway cluster} mode=$${BUFSTORE_SERVICES:-local}"
-	$(VPY) -m pytest tests/ $(PYTEST_ARGS)
+	@echo "test services: NATS=$${NATS_URL:-throwaway nats-server} Postgres=$${DATABASE_URL:-throwaway cluster} mode=$${BUFSTORE_SERVICES:-local} workers=$(TEST_WORKERS)"
+	$(VPY) -m pytest tests/ -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # No services, no Java: unit tests and every contract/conformance suite over the in-memory
 # implementations. BUFSTORE_TEST_NO_SERVICES makes a test that asks for NATS or Postgres

@@ -838,6 +838,7 @@ def model_schema(database_url: str) -> Iterator[str]:
     asyncio.run(drop())
 
 
+@pytest.mark.long
 @pytest.mark.timeout(max(300, EXAMPLES * STEPS * 2))
 def test_buffered_store_against_a_model(
     nats_url: str, database_url: str, model_schema: str

@@ -109,6 +109,7 @@ def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**out, **(extra or {})}
 
 
+@pytest.mark.long
 async def test_jobs_on_a_standalone_cluster_equal_local_mode(
     env: StoreEnv,
     spark: SparkSession,
