@@ -22,17 +22,20 @@ class _PluginGroup(click.Group):
     import `buffered_store.cli.common` without a cycle.
     """
 
-    _tried: frozenset[str] | None = None
-    """Entry-point names loaded so far (None: not one; every one after a listing)."""
+    _loaded: frozenset[str] = frozenset()
+    """Entry-point names loaded so far."""
+    _loaded_all = False
 
     def _load(self, name: str | None) -> None:
-        tried = self._tried or frozenset()
-        if name in tried or "" in tried:
+        """Load the entry point named `name`, or every one (None), once."""
+        if self._loaded_all or name in self._loaded:
             return
         found = entry_points(group="bufstore.commands")
-        if name is not None:
+        if name is None:
+            self._loaded_all = True
+        else:
             found = found.select(name=name)
-        self._tried = tried | {name if name is not None else ""}
+            self._loaded |= {name}
         for entry in found:
             try:
                 register = entry.load()

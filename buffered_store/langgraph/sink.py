@@ -260,10 +260,13 @@ class LangGraphSink(SinkReads):
                 await AsyncPostgresSaver(conn).setup()
                 await conn.execute(CREATE_WATERMARKS)
             finally:
-                await conn.execute(
-                    "SELECT pg_advisory_unlock(%s, hashtext(current_schema()))",
-                    (SETUP_LOCK_NAMESPACE,),
-                )
+                # A lost connection released the lock with its session; the error that
+                # ended the setup is the one to raise.
+                with contextlib.suppress(psycopg.OperationalError):
+                    await conn.execute(
+                        "SELECT pg_advisory_unlock(%s, hashtext(current_schema()))",
+                        (SETUP_LOCK_NAMESPACE,),
+                    )
 
     async def _setup_turn(self, conn: Connection, timeout_s: float) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
