@@ -22,21 +22,21 @@ class _PluginGroup(click.Group):
     import `buffered_store.cli.common` without a cycle.
     """
 
-    _loaded: frozenset[str] = frozenset()
-    """Entry-point names loaded so far."""
     _loaded_all = False
 
     def _load(self, name: str | None) -> None:
-        """Load the entry point named `name`, or every one (None), once."""
-        if self._loaded_all or name in self._loaded:
+        """Register the entry point named `name`, or every one (None), unless its
+        command is registered already."""
+        if self._loaded_all:
             return
         found = entry_points(group="bufstore.commands")
         if name is None:
             self._loaded_all = True
         else:
             found = found.select(name=name)
-            self._loaded |= {name}
         for entry in found:
+            if entry.name in self.commands:
+                continue
             try:
                 register = entry.load()
             except ImportError as exc:
@@ -44,8 +44,7 @@ class _PluginGroup(click.Group):
                 # commands down with it.
                 click.echo(f"bufstore: command group {entry.name!r} unavailable: {exc}", err=True)
                 continue
-            if entry.name not in self.commands:
-                register(self)
+            register(self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._load(None)

@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
 
     def rank(item: pytest.Item) -> int:
-        if "spark" in getattr(item, "fixturenames", ()):
+        if item.get_closest_marker("xdist_group") is not None:
             return 0
         return 1 if item.get_closest_marker("long") is not None else 2
 

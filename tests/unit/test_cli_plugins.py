@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
+
+from buffered_store.cli import main
 
 PROBE = """
 import json, sys
@@ -48,10 +51,6 @@ def test_a_command_imports_only_what_it_needs(args: list[str], expected: list[st
 
 
 def test_help_lists_every_command_once() -> None:
-    from click.testing import CliRunner
-
-    from buffered_store.cli import main
-
     listed = CliRunner().invoke(main, ["--help"]).output
     section = listed.split("Commands:", 1)[1].splitlines()
     commands = [line.split()[0] for line in section if line.startswith("  ") and line.split()]
