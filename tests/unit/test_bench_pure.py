@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         cpu_meter,
         cpu_used,
     )
-    from benchmarks.scenarios.writer_cpu import flatness, side_figures
+    from benchmarks.scenarios.writer_cpu import flatness, paired_flatness, side_figures
     from benchmarks.sides import sample_loop
     from benchmarks.workload import Workload, make_threads, seed, write_step
 else:
@@ -84,7 +84,11 @@ else:
         cpu_meter,
         cpu_used,
     )
-    from buffered_store.benchmarks.scenarios.writer_cpu import flatness, side_figures
+    from buffered_store.benchmarks.scenarios.writer_cpu import (
+        flatness,
+        paired_flatness,
+        side_figures,
+    )
     from buffered_store.benchmarks.sides import sample_loop
     from buffered_store.benchmarks.workload import Workload, make_threads, seed, write_step
 
@@ -182,14 +186,16 @@ def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
     assert backlog_growing(1.5, 100.0)
 
 
-def probe_case(side: str, api: str, threads: int, history: int, cpu: float) -> dict[str, Any]:
+def probe_case(
+    side: str, api: str, threads: int, history: int, cpu: float, round_: int = 0
+) -> dict[str, Any]:
     return {
         "side": side,
         "api": api,
         "threads": threads,
         "history": history,
         "history_end": history + 40,
-        "round": 0,
+        "round": round_,
         "checkpoints": 20,
         "cpu_us": cpu,
         "wall_us": cpu * 2,
@@ -215,6 +221,44 @@ def test_writer_cpu_figures_keep_each_side_apart_and_take_the_median_of_rounds()
     assert spread == pytest.approx(119 / 104)
     assert [r["cpu_us"]["median"] for r in raw["cases"]] == [50.0, 50.0, 50.0]
     assert flatness(raw, 1) == ([], None)
+
+
+def drifting_rounds(growth: dict[int, float]) -> list[dict[str, Any]]:
+    """Three rounds on a machine that runs 1.5x slower in the second one, each history
+    length measured at a different moment: the raw loop's work is the same at every
+    length, append()'s costs `growth[history]` times the raw loop's."""
+    speed = {(0, 50): 1.0, (0, 500): 1.1, (0, 2000): 1.0, (1, 50): 1.5, (1, 500): 1.4}
+    speed |= {(1, 2000): 1.6, (2, 50): 1.0, (2, 500): 1.5, (2, 2000): 1.0}
+    cases = []
+    for (round_, history), slow in speed.items():
+        cases.append(probe_case("raw", "raw", 64, history, 80 * slow, round_))
+        cases.append(
+            probe_case("buffered", "append", 64, history, 120 * slow * growth[history], round_)
+        )
+    return cases
+
+
+def test_writer_cpu_is_judged_against_the_raw_loop_of_the_same_round() -> None:
+    flat = drifting_rounds({50: 1.0, 500: 1.0, 2000: 1.0})
+    # The CPU per call itself moves with the machine (its medians 1.4x apart) ...
+    _, absolute = flatness(side_figures("append", flat), 64)
+    assert absolute == pytest.approx(1.4)
+    # ... its ratio to the raw loop beside it does not.
+    medians, spread = paired_flatness(flat, "append", 64)
+    assert medians == pytest.approx([1.5, 1.5, 1.5])
+    assert spread == pytest.approx(1.0)
+
+    # A write path whose cost grows with the history is still seen through the drift.
+    growing = drifting_rounds({50: 1.0, 500: 1.1, 2000: 1.4})
+    medians, spread = paired_flatness(growing, "append", 64)
+    assert medians == pytest.approx([1.5, 1.65, 2.1])
+    assert spread == pytest.approx(1.4)
+
+    # A round whose raw case is missing gives no ratio; no other side is mixed in.
+    partial = [c for c in flat if not (c["side"] == "raw" and c["round"] == 1)]
+    assert paired_flatness(partial, "append", 64)[0] == pytest.approx([1.5, 1.5, 1.5])
+    assert paired_flatness(flat, "checkpoint", 64) == ([], None)
+    assert paired_flatness(flat, "append", 1) == ([], None)
 
 
 def sawtooth(growth_per_s: float, *, seconds: float = 20.0) -> tuple[list[float], list[float]]:
