@@ -169,6 +169,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             *(thread(saver, f"warm-{i}", args.warm, warm) for i in range(args.threads))
         )
         cpu, wall = time.process_time(), time.perf_counter()
+        waited = runqueue_wait_s(os.getpid())
         if profiler is not None:
             profiler.enable()
         interval_s = args.threads / args.rate if args.rate else 0.0
@@ -183,6 +184,8 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             profiler.disable()
             profiler.dump_stats(args.profile)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        waited_after = runqueue_wait_s(os.getpid())
+        threads = len(os.listdir(f"/proc/{os.getpid()}/task")) if waited is not None else None
         stats = saver.stats()
     finally:
         await saver.close()
@@ -198,6 +201,14 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": round(1000 * latencies[steps * 99 // 100], 3),
         "cpu_ms_per_step": round(1000 * cpu / steps, 4),
         "wall_ms_per_step": round(1000 * wall / steps, 4),
+        **(
+            {
+                "wait_ms_per_step": round(1000 * (waited_after - waited) / steps, 4),
+                "process_threads": threads,
+            }
+            if waited is not None and waited_after is not None
+            else {}
+        ),
         "entries": stats["entries"],
         "joined_writes": stats["joined_writes"],
         **({"timeline": stage_times(marks)} if args.timeline else {}),

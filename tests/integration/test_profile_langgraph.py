@@ -62,4 +62,10 @@ async def test_timeline_marks_every_stage_of_a_paced_step_and_puts_the_calls_bac
     assert all(stage["p50_us"] > 0 for stage in timeline.values())
     assert BufferedCheckpointSaver.aput is aput
     assert asyncio.StreamReaderProtocol.data_received is received
+    if runqueue_wait_s(os.getpid()) is None:  # no schedstat on this kernel
+        assert "wait_ms_per_step" not in figures
+    else:
+        # The process's wait for a core per step, beside its CPU: at most its wall time.
+        assert 0 <= figures["wait_ms_per_step"] <= figures["wall_ms_per_step"]
+        assert figures["process_threads"] >= 1
     assert "timeline" not in await main(parse(["--nats-url", nats_url, "--steps", "2"]))
