@@ -224,9 +224,10 @@ def test_writer_cpu_figures_keep_each_side_apart_and_take_the_median_of_rounds()
 
 
 def drifting_rounds(growth: dict[int, float]) -> list[dict[str, Any]]:
-    """Three rounds on a machine that runs 1.5x slower in the second one, each history
-    length measured at a different moment: the raw loop's work is the same at every
-    length, append()'s costs `growth[history]` times the raw loop's."""
+    """Three rounds on a machine whose speed moves from case to case (up to 1.6x slower,
+    most in the second round); in each case the raw loop and append() run at the same
+    speed. The raw loop's work is the same at every history length, append()'s costs
+    `growth[history]` times 1.5 the raw loop's."""
     speed = {(0, 50): 1.0, (0, 500): 1.1, (0, 2000): 1.0, (1, 50): 1.5, (1, 500): 1.4}
     speed |= {(1, 2000): 1.6, (2, 50): 1.0, (2, 500): 1.5, (2, 2000): 1.0}
     cases = []
