@@ -220,6 +220,11 @@ class Wal(Protocol):
         """Messages at several stream seqs (absent ones skipped), in the order asked."""
         ...
 
+    async def read_subject(self, subject: str, from_seq: int) -> list[StoredMsg]:
+        """Every message on a subject at or after a stream seq, in stream order, in a few
+        round trips however many there are."""
+        ...
+
     async def read_range(self, first: int, last: int) -> list[StoredMsg]:
         """Messages with stream seq in ``[first, last]``, in stream order."""
         ...

@@ -54,6 +54,11 @@ MARK_CACHE_SIZE = 65_536
 ones are forgotten first)."""
 
 
+WALK_DIRECT_GETS = 4
+"""Messages a walk of a subject reads one direct get at a time before it reads the rest
+with one consumer scan (whose consumer costs two more round trips: made and deleted)."""
+
+
 class EntryCache(Generic[E]):
     """Entries this process appended, kept for its own reads of their threads.
 
@@ -273,13 +278,23 @@ class ThreadLog(Generic[E, H]):
 
     async def walk(self, thread_id: str, start: int) -> AsyncIterator[tuple[StoredMsg, E | None]]:
         """The messages on the thread's subject from stream seq `start` on, in order, each
-        with its entry (None when it is no readable entry of the thread): one direct get
-        per message, so callers stop as soon as they have what they need."""
+        with its entry (None when it is no readable entry of the thread).
+
+        The first `WALK_DIRECT_GETS` one direct get each, so callers that need only the
+        next few stop early; then the rest of the subject in one consumer scan
+        (`Wal.read_subject`): a tail of hundreds of entries (a flusher behind, a reader
+        in another process) costs a few round trips, not one per entry."""
         subject = self.subject(thread_id)
         msg = await self.wal.next_on(subject, start)
+        gets = 1
         while msg is not None:
             yield msg, self.decode(thread_id, msg)
+            if gets >= WALK_DIRECT_GETS:
+                for rest in await self.wal.read_subject(subject, msg.seq + 1):
+                    yield rest, self.decode(thread_id, rest)
+                return
             msg = await self.wal.next_on(subject, msg.seq + 1)
+            gets += 1
 
     def decode(self, thread_id: str, msg: StoredMsg) -> E | None:
         """The entry `msg` holds, or None when it holds none of the thread's."""

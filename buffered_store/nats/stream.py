@@ -86,6 +86,32 @@ class WalStream(WalHandles):
                 timeout_s=self.config.request_timeout_s,
             )
 
+    async def read_subject(self, subject: str, from_seq: int) -> list[StoredMsg]:
+        """Every message on a subject at or after a stream seq, in stream order: one
+        short-lived consumer filtered on the subject (made, pulled in batches of
+        `SCAN_BATCH`, deleted), not a direct get per message.
+
+        Where reads must come from the stream's leader (`read_from`, replicated streams),
+        one leader get per message instead: a scan's consumer may sit on a replica that
+        has not applied the latest writes yet."""
+        if not self.direct:
+            found: list[StoredMsg] = []
+            msg = await self.next_on(subject, from_seq)
+            while msg is not None:
+                found.append(msg)
+                msg = await self.next_on(subject, msg.seq + 1)
+            return found
+        async with translated(f"read the messages of {subject} from {from_seq}"):
+            return await scan_by_consumer(
+                self._js,
+                self._nc,
+                self.stream,
+                subject,
+                max(1, from_seq),
+                "",
+                timeout_s=self.config.request_timeout_s,
+            )
+
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
         """Messages at several stream seqs (absent ones skipped), fetched concurrently."""
         out: list[StoredMsg] = []

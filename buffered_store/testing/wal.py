@@ -174,6 +174,16 @@ class MemoryWal:
         await self._request(f"get next message of {subject}")
         return self._stream.next_on(subject, max(1, from_seq))
 
+    async def read_subject(self, subject: str, from_seq: int) -> list[StoredMsg]:
+        """Every message on a subject at or after a stream seq, in stream order."""
+        # NatsWal: a short-lived consumer, created and deleted (fetches are no requests).
+        await self._request(f"read the messages of {subject} from {from_seq}", count=2)
+        return [
+            msg
+            for seq, msg in sorted(self._stream.messages.items())
+            if seq >= from_seq and msg.subject == subject
+        ]
+
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
         """Messages at several stream seqs (absent ones skipped), in the order asked."""
         found = await asyncio.gather(*(self.get(seq) for seq in seqs))

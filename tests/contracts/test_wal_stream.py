@@ -94,6 +94,16 @@ async def test_reads_of_the_stream(wal: Wal) -> None:
     assert [m.seq for m in await wal.read_range(4, 99)] == [4, 5]
     assert [m.seq for m in await wal.read_range(0, 1)] == [1]
     assert await wal.read_range(3, 2) == []
+    # A subject's messages from a stream seq on, the other subjects' left out.
+    assert [(m.seq, m.data) for m in await wal.read_subject(a, 0)] == [
+        (1, b"m1"),
+        (3, b"m3"),
+        (5, b"m5"),
+    ]
+    assert [m.seq for m in await wal.read_subject(a, 2)] == [3, 5]
+    assert [m.subject for m in await wal.read_subject(b, 1)] == [b, b]
+    assert await wal.read_subject(b, 5) == []
+    assert await wal.read_subject(subject(wal, "none"), 1) == []
     assert await wal.last_seq() == 5
 
 
@@ -102,6 +112,7 @@ async def test_empty_stream(wal: Wal) -> None:
     assert await wal.get(1) is None
     assert await wal.read_range(1, 10) == []
     assert await wal.next_on(subject(wal, "a"), 1) is None
+    assert await wal.read_subject(subject(wal, "a"), 1) == []
 
 
 async def test_a_subject_outside_the_stream_reaches_nobody(wal: Wal) -> None:
@@ -140,6 +151,7 @@ async def test_request_counts(wal: Wal) -> None:
     assert await cost(wal.last_on(a)) == 1
     assert await cost(wal.next_on(a, 1)) == 1
     assert await cost(wal.get_many([1, 1, 1])) == 3
+    assert await cost(wal.read_subject(a, 1)) == 2  # a consumer made and deleted
     assert await cost(wal.consumer_state()) == 2
     assert await cost(wal.ensure_consumer()) == 1
     assert await cost(wal.hot_updates("h.", 1)) == 2  # one key read, one finding none

@@ -147,6 +147,16 @@ async def test_replicated_reads_go_to_the_leader_and_single_replica_reads_stay_d
             via_leader = [s for s in subjects if ".STREAM.MSG.GET." in s]
             assert len(subjects) == 4, subjects
             assert (via_leader if leader_api else direct) == subjects, overrides
+            # A subject read in bulk (a long walk): through the leader one get per
+            # message (and one finding none), else one consumer scan.
+            subjects.clear()
+            assert [m.seq for m in await wal.read_subject(subject, 1)] == [seq]
+            if leader_api:
+                assert len(subjects) == 2, subjects
+                assert all(".STREAM.MSG.GET." in s for s in subjects), subjects
+            else:
+                assert any(".CONSUMER.CREATE." in s for s in subjects), subjects
+                assert not [s for s in subjects if ".GET." in s], subjects
         finally:
             await wal.close()
 

@@ -14,7 +14,7 @@ from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.buffer import WriteBuffer
 from buffered_store.engine.cursors import Cursor, Seeded
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
-from buffered_store.engine.threadlog import flush_thread
+from buffered_store.engine.threadlog import WALK_DIRECT_GETS, flush_thread
 from buffered_store.errors import (
     DatabaseUnavailableError,
     FlushFailedError,
@@ -131,6 +131,32 @@ async def test_entries_gone_from_the_stream_raise_their_own_error() -> None:
     assert (caught.value.thread_id, caught.value.reached, caught.value.upto) == ("t", 0, 3)
     with pytest.raises(WalEntriesMissingError):
         await flush_thread(other.log, NotesSink(), "t")
+    await other.close()
+    await buffer.close()
+
+
+async def test_a_long_unflushed_tail_is_read_in_a_few_round_trips() -> None:
+    """A reader without the entries cached (another process, or a tail longer than the
+    cache keeps) walks the subject: a few direct gets, then the rest in one scan."""
+    buffer = notes_buffer(NotesSink())
+    for i in range(40):
+        await write(buffer, "t", f"n{i}")
+        if i % 10 == 0:
+            await write(buffer, "u", f"other{i}")  # another thread's entries in between
+    wal = MemoryWal(CONFIG, buffer.wal.server)  # type: ignore[attr-defined]
+    other = notes_buffer(NotesSink(), wal)
+    before = wal.requests
+    chain = await other.log.entries_between("t", 0, 40, None)
+    assert [n.text for n in chain] == [f"n{i}" for i in range(40)]
+    # 4 direct gets and a scan (a consumer made and deleted); one get per entry took 40.
+    assert wal.requests - before == WALK_DIRECT_GETS + 2
+    # A walk whose caller stops at the first entry (the retention check) makes one get.
+    before = wal.requests
+    async for _, first in other.log.walk("t", 1):
+        assert first is not None
+        assert first.text == "n0"
+        break
+    assert wal.requests - before == 1
     await other.close()
     await buffer.close()
 

@@ -1,7 +1,8 @@
 """`ThreadLog.entries_between` walking a thread's subject when the hot record's window
 does not reach the watermark (a flusher far behind, a gap after a node kill): the walk
-starts at the flusher consumer's ack floor, so it costs the thread's unflushed entries,
-not its whole history. In memory: requests counted as `NatsWal` sends them."""
+starts at the flusher consumer's ack floor, so it costs the thread's unflushed entries
+(a few direct gets, then one scan), not its whole history. In memory: requests counted
+as `NatsWal` sends them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime
 
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.engine.keys import wal_subject
-from buffered_store.engine.threadlog import ThreadLog
+from buffered_store.engine.threadlog import WALK_DIRECT_GETS, ThreadLog
 from buffered_store.model.changes import WalEntry
 from buffered_store.testing import MemoryJetStream, MemoryWal, make_entries
 from buffered_store.threadrun.entry import FORMAT, HotRecord, encode_entry
@@ -57,9 +58,11 @@ async def test_a_gap_far_behind_the_hot_window_walks_from_the_ack_floor() -> Non
     found = await log.entries_between("t", FLUSHED, FLUSHED + PENDING, None)
     assert [e.seq for e in found] == list(range(FLUSHED + 1, FLUSHED + PENDING + 1))
     assert [e.stream_seq for e in found] == [e.stream_seq for e in stored[FLUSHED:]]
-    # The consumer's state (two requests) and one get per pending entry: not one get
-    # per entry of the whole history (300 more), as a walk from the stream's start.
-    assert wal.requests == 2 + PENDING
+    # The consumer's state (two requests), then the walk from the ack floor: its first
+    # entries one direct get each, the rest in one scan (a consumer made and deleted).
+    # Not the whole history (300 more entries), as a walk from the stream's start.
+    assert PENDING > WALK_DIRECT_GETS
+    assert wal.requests == 2 + WALK_DIRECT_GETS + 2
 
 
 async def test_entries_settled_without_a_flush_are_still_found_from_the_start() -> None:
@@ -68,7 +71,10 @@ async def test_entries_settled_without_a_flush_are_still_found_from_the_start() 
     found = await log.entries_between("t", FLUSHED, FLUSHED + PENDING, None)
     assert [e.seq for e in found] == list(range(FLUSHED + 1, FLUSHED + PENDING + 1))
     assert [e.stream_seq for e in found] == [e.stream_seq for e in stored[FLUSHED:]]
-    assert wal.requests > FLUSHED  # nothing above the floor continues it: the whole walk
+    # Nothing above the floor continues it (one get finds nothing there), so the whole
+    # subject decides: its first entries one get each, then all the rest in one scan,
+    # where a get per entry took over 300 requests.
+    assert wal.requests == 2 + 1 + WALK_DIRECT_GETS + 2
 
 
 async def test_without_a_flusher_consumer_the_walk_starts_at_the_stream_start() -> None:
