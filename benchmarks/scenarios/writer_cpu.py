@@ -227,17 +227,14 @@ def paired_flatness(
     return medians, max(medians) / min(medians)
 
 
-def _series(side: dict[str, Any], threads: int) -> str:
-    medians, spread = flatness(side, threads)
+def _series(figures: tuple[list[float], float | None], unit: str = "") -> str:
+    """Text of a figure per history length and their max/min (`flatness`,
+    `paired_flatness`); `unit` " µs" for CPU per call."""
+    medians, spread = figures
     values = ", ".join(
-        f"{h:,}: {fmt(v, 'rate')} µs" for h, v in zip(HISTORIES, medians, strict=False)
+        f"{h:,}: {fmt(v, 'rate' if unit else 'ratio')}{unit}"
+        for h, v in zip(HISTORIES, medians, strict=False)
     )
-    return f"{values} (max/min {fmt(spread)})"
-
-
-def _paired_series(cases: Sequence[dict[str, Any]], api: str, threads: int) -> str:
-    medians, spread = paired_flatness(cases, api, threads)
-    values = ", ".join(f"{h:,}: {fmt(v)}" for h, v in zip(HISTORIES, medians, strict=False))
     return f"{values} (max/min {fmt(spread)})"
 
 
@@ -250,15 +247,16 @@ async def run(bench: Bench) -> Outcome:
     targets = []
     for api in ("append", "checkpoint"):  # issue 23: full snapshots flat too
         for threads in n.threads:
-            _, spread = paired_flatness(cases, api, threads)
+            paired = paired_flatness(cases, api, threads)
+            spread = paired[1]
             targets.append(
                 target(
                     "writer_cpu",
                     f"{api}(), client CPU per call against the raw loop's in the same "
                     f"round, median of {n.rounds} round(s), at history "
-                    f"{_paired_series(cases, api, threads)}; the CPU per call itself "
-                    f"{_series(sides[api], threads)}, the raw loop's "
-                    f"{_series(sides['raw'], threads)}",
+                    f"{_series(paired)}; the CPU per call itself "
+                    f"{_series(flatness(sides[api], threads), ' µs')}, the raw loop's "
+                    f"{_series(flatness(sides['raw'], threads), ' µs')}",
                     ratio=spread,
                     met=None if spread is None else spread <= FLAT,
                     suffix=f"{api}(), {threads} thread{'s' if threads > 1 else ''}",

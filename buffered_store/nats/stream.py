@@ -74,17 +74,7 @@ class WalStream(WalHandles):
         """
         if last < first:
             return []
-        async with translated(f"read WAL messages {first}..{last}"):
-            return await scan_by_consumer(
-                self._js,
-                self._nc,
-                self.stream,
-                None,
-                max(1, first),
-                "",
-                last=last,
-                timeout_s=self.config.request_timeout_s,
-            )
+        return await self._scan(f"read WAL messages {first}..{last}", None, first, last)
 
     async def read_subject(self, subject: str, from_seq: int) -> list[StoredMsg]:
         """Every message on a subject at or after a stream seq, in stream order: one
@@ -101,14 +91,23 @@ class WalStream(WalHandles):
                 found.append(msg)
                 msg = await self.next_on(subject, msg.seq + 1)
             return found
-        async with translated(f"read the messages of {subject} from {from_seq}"):
+        return await self._scan(
+            f"read the messages of {subject} from {from_seq}", subject, from_seq
+        )
+
+    async def _scan(
+        self, what: str, subject: str | None, first: int, last: int = 0
+    ) -> list[StoredMsg]:
+        """`scan_by_consumer` of the stream (`subject`: None for all), errors translated."""
+        async with translated(what):
             return await scan_by_consumer(
                 self._js,
                 self._nc,
                 self.stream,
                 subject,
-                max(1, from_seq),
+                max(1, first),
                 "",
+                last=last,
                 timeout_s=self.config.request_timeout_s,
             )
 
