@@ -109,8 +109,9 @@ class HotKv(WalHandles):
 
         `StoredMsg.subject` is the key. The first `SCAN_DIRECT_GETS` come from direct gets
         (one round trip each, nothing to set up); a longer scan continues through a
-        short-lived consumer that delivers the rest in batches (served by the stream
-        leader, so it reads what leader reads would).
+        short-lived consumer that delivers the rest in batches (where reads go to the
+        leader, what the consumer's replica had not applied yet is read from the leader
+        after).
         """
         stream = f"KV_{self.config.hot_bucket}"
         head = f"$KV.{self.config.hot_bucket}."
@@ -138,6 +139,7 @@ class HotKv(WalHandles):
                     seq,
                     head,
                     timeout_s=self.config.request_timeout_s,
+                    leader=not self.direct,
                 )
             )
         return found

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
+import time
 from typing import Any
 
 import nats.errors
+import nats.js.errors as jse
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DEFAULT_PREFIX, AckPolicy, ConsumerConfig, DeliverPolicy, Header
 
+from buffered_store.backoff import Backoff
 from buffered_store.engine.ports import StoredMsg
 from buffered_store.errors import WalUnavailableError
 
@@ -24,6 +28,13 @@ SCAN_BATCH = 2048
 """Messages per pull request of a scan's consumer."""
 _NOTHING_MORE = frozenset({"404", "408"})
 """Statuses that end a `no_wait` pull request normally: no message (left) to deliver."""
+_NO_RESPONDERS = "503"
+"""Nobody received a pull request. In a cluster, right after a consumer is made, the
+server this client talks to may not know yet where the consumer lives (measured on a
+three-node cluster: 2 to 4% of scans through a follower); the request is sent again."""
+PULL_RETRY = Backoff(0.002, 0.1)
+"""Waits before a pull request nobody received is sent again (within the scan's
+`timeout_s`, counted from the first refusal)."""
 SCAN_CONSUMER_IDLE_S = 30.0
 """The server deletes a scan's consumer left behind (its scanner died) after this long."""
 
@@ -39,15 +50,47 @@ async def scan_by_consumer(
     last: int = 0,
     times: dict[int, float] | None = None,
     timeout_s: float,
+    leader: bool = False,
 ) -> list[StoredMsg]:
     """The messages on `subject` (None: all) from `from_seq` to `last` (0: the
     stream's end), through an ephemeral in-memory consumer (deleted after; the server
     drops it by itself if this process dies first). `timeout_s`: the longest wait for
-    one batch."""
+    one batch.
+
+    `leader`: the scan must hold everything the stream's leader has (reads where
+    `read_from` asks for the leader). The server places a scan's consumer on any of a
+    replicated stream's peers (measured on a three-node cluster: a third of them on the
+    leader), and a follower may not have applied the newest writes yet; so where the
+    scan ends short of `last`, what follows is read from the leader, one get per message
+    (one get, finding nothing, when the replica was current)."""
     wanted = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
-    return await _scan(
+    found, seen = await _scan(
         js, nc, stream, subject, wanted, head, from_seq, last, times, timeout_s, until_empty=False
     )
+    if leader and (not last or seen < last):
+        found.extend(await _from_leader(js, stream, subject, seen + 1, last, head))
+    return found
+
+
+async def _from_leader(
+    js: JetStreamContext, stream: str, subject: str | None, from_seq: int, last: int, head: str
+) -> list[StoredMsg]:
+    """The messages on `subject` (None: all) from `from_seq` to `last` (0: the end) with
+    a value, as the stream's leader has them: one get per message, and one finding none."""
+    found: list[StoredMsg] = []
+    seq = from_seq
+    while not last or seq <= last:
+        try:
+            raw = await js.get_msg(stream, seq=seq, subject=subject or ">", next=True)
+        except jse.NotFoundError:
+            break
+        msg = stored_msg(raw)
+        if last and msg.seq > last:
+            break
+        if msg.data:
+            found.append(StoredMsg(msg.seq, msg.subject[len(head) :], msg.data))
+        seq = msg.seq + 1
+    return found
 
 
 async def live_keys(
@@ -65,7 +108,7 @@ async def live_keys(
     neither is listed.
     """
     wanted = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    found = await _scan(
+    found, _ = await _scan(
         js, nc, stream, f"{head}>", wanted, head, 1, 0, None, timeout_s, until_empty=True
     )
     return list(dict.fromkeys(m.subject for m in found))
@@ -84,8 +127,9 @@ async def _scan(
     timeout_s: float,
     *,
     until_empty: bool,
-) -> list[StoredMsg]:
-    """`wanted`'s delivery through an ephemeral ack-less consumer, drained by `_pull_all`."""
+) -> tuple[list[StoredMsg], int]:
+    """`wanted`'s delivery through an ephemeral ack-less consumer, drained by `_pull_all`,
+    and the stream seq of the last message it delivered (`from_seq` - 1: none)."""
     wanted.filter_subject = subject
     wanted.ack_policy = AckPolicy.NONE
     wanted.mem_storage = True
@@ -95,7 +139,7 @@ async def _scan(
     assert info.name is not None
     try:
         if not info.num_pending:
-            return []
+            return [], from_seq - 1
         return await _pull_all(
             nc, stream, info.name, from_seq, head, last, times, timeout_s, until_empty
         )
@@ -114,7 +158,7 @@ async def _pull_all(
     times: dict[int, float] | None,
     timeout_s: float,
     until_empty: bool,
-) -> list[StoredMsg]:
+) -> tuple[list[StoredMsg], int]:
     """Drain an ack-less consumer through one inbox: pull requests of `SCAN_BATCH`
     answered into a subscription callback, no per-message waiting (a quarter of the
     client CPU of `fetch`). Stops at `last` (0: where the stream ended when the
@@ -127,15 +171,19 @@ async def _pull_all(
     batch_over = asyncio.Event()
     received = 0
     refused = ""
+    unheard = False
 
     async def on_msg(msg: Msg) -> None:
-        nonlocal seq, done, received, refused
+        nonlocal seq, done, received, refused, unheard
         headers = msg.headers or {}
         status = headers.get(Header.STATUS.value)
         if status:
-            if status not in _NOTHING_MORE:  # e.g. 409: the consumer went away
-                refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}"
-            done = True
+            if status == _NO_RESPONDERS and not received:
+                unheard = True  # not delivered: the same request goes again
+            else:
+                if status not in _NOTHING_MORE:  # e.g. 409: the consumer went away
+                    refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}"
+                done = True
             batch_over.set()
             return
         counters = None if times is not None else ack_counters(msg.reply)
@@ -159,11 +207,13 @@ async def _pull_all(
     wanted = 0
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
+    retry = dataclasses.replace(PULL_RETRY, budget_s=timeout_s)
     try:
         while not done:
             # Never ask for more than the range holds: no batch overshoots it.
             wanted = SCAN_BATCH if not last else max(1, min(SCAN_BATCH, last - seq))
             received = 0
+            unheard = False
             batch_over.clear()
             request = orjson.dumps({"batch": wanted, "no_wait": True})
             await nc.publish(subject, request, reply=inbox)
@@ -173,12 +223,18 @@ async def _pull_all(
                 if not received:
                     break  # the last pending ones were superseded meanwhile
                 # A slow batch: ask again for what is still missing.
+            if unheard:
+                wait = retry.next_wait(time.monotonic())
+                if wait is None:
+                    refused = f"{_NO_RESPONDERS} no responders for {consumer} within {timeout_s} s"
+                    break
+                await asyncio.sleep(wait)
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
     if refused:  # never a silently shortened scan
         raise WalUnavailableError(f"consumer scan of {stream} interrupted: {refused.strip()}")
-    return found
+    return found, seq
 
 
 _ACK_V1_TOKENS = 9

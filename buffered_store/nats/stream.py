@@ -70,7 +70,8 @@ class WalStream(WalHandles):
         """The WAL's messages with stream seq in ``[first, last]``, in stream order.
 
         One short-lived consumer delivers them in batches of `SCAN_BATCH`: a round trip
-        per batch instead of one direct get per message.
+        per batch instead of one direct get per message (where reads go to the leader,
+        what the consumer's replica had not applied yet is read from the leader after).
         """
         if last < first:
             return []
@@ -79,18 +80,9 @@ class WalStream(WalHandles):
     async def read_subject(self, subject: str, from_seq: int) -> list[StoredMsg]:
         """Every message on a subject at or after a stream seq, in stream order: one
         short-lived consumer filtered on the subject (made, pulled in batches of
-        `SCAN_BATCH`, deleted), not a direct get per message.
-
-        Where reads must come from the stream's leader (`read_from`, replicated streams),
-        one leader get per message instead: a scan's consumer may sit on a replica that
-        has not applied the latest writes yet."""
-        if not self.direct:
-            found: list[StoredMsg] = []
-            msg = await self.next_on(subject, from_seq)
-            while msg is not None:
-                found.append(msg)
-                msg = await self.next_on(subject, msg.seq + 1)
-            return found
+        `SCAN_BATCH`, deleted), not a direct get per message (where reads go to the
+        leader, what the consumer's replica had not applied yet is read from the leader
+        after)."""
         return await self._scan(
             f"read the messages of {subject} from {from_seq}", subject, from_seq
         )
@@ -109,6 +101,7 @@ class WalStream(WalHandles):
                 "",
                 last=last,
                 timeout_s=self.config.request_timeout_s,
+                leader=not self.direct,
             )
 
     async def get_many(self, seqs: Sequence[int], *, parallel: int = 64) -> list[StoredMsg]:
