@@ -191,8 +191,10 @@ class NatsBucket:
         js: JetStreamContext,
         nc: Client,
         timeout_s: float,
+        leader: bool = False,
     ) -> None:
         self._kv = kv
+        self._leader = leader
         self._what = what
         self._stream = KV_STREAM_TEMPLATE.format(bucket=bucket)
         self._head = KV_PRE_TEMPLATE.format(bucket=bucket)
@@ -231,5 +233,10 @@ class NatsBucket:
         """Every live key (`scan.live_keys`: one consumer, no guess at the end)."""
         async with translated(f"list the {self._what}"):
             return await live_keys(
-                self._js, self._nc, self._stream, self._head, timeout_s=self._timeout_s
+                self._js,
+                self._nc,
+                self._stream,
+                self._head,
+                timeout_s=self._timeout_s,
+                leader=self._leader,
             )

@@ -73,10 +73,18 @@ async def scan_by_consumer(
 
 
 async def _from_leader(
-    js: JetStreamContext, stream: str, subject: str | None, from_seq: int, last: int, head: str
+    js: JetStreamContext,
+    stream: str,
+    subject: str | None,
+    from_seq: int,
+    last: int,
+    head: str,
+    *,
+    markers: bool = False,
 ) -> list[StoredMsg]:
     """The messages on `subject` (None: all) from `from_seq` to `last` (0: the end) with
-    a value, as the stream's leader has them: one get per message, and one finding none."""
+    a value (`markers`: those without one too), as the stream's leader has them: one get
+    per message, and one finding none."""
     found: list[StoredMsg] = []
     seq = from_seq
     while not last or seq <= last:
@@ -87,14 +95,20 @@ async def _from_leader(
         msg = stored_msg(raw)
         if last and msg.seq > last:
             break
-        if msg.data:
+        if msg.data or markers:
             found.append(StoredMsg(msg.seq, msg.subject[len(head) :], msg.data))
         seq = msg.seq + 1
     return found
 
 
 async def live_keys(
-    js: JetStreamContext, nc: Client, stream: str, head: str, *, timeout_s: float
+    js: JetStreamContext,
+    nc: Client,
+    stream: str,
+    head: str,
+    *,
+    timeout_s: float,
+    leader: bool = False,
 ) -> list[str]:
     """The keys of a KV bucket (its stream `stream`, key subjects under `head`) whose
     latest message holds a value, in stream order: a last-per-subject consumer drained
@@ -106,12 +120,22 @@ async def live_keys(
     with keys lists none (nats.py issue 842). Here only the server ends a listing.
     Delete and purge markers hold no value, nor does a key written with an empty one:
     neither is listed.
+
+    `leader`: as `scan_by_consumer`'s. Every message after the last one the consumer
+    delivered is one its replica had not applied (had it, the message would be the last
+    of its key and delivered), so the leader's messages after it update the listing.
     """
     wanted = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    found, _ = await _scan(
+    found, seen = await _scan(
         js, nc, stream, f"{head}>", wanted, head, 1, 0, None, timeout_s, until_empty=True
     )
-    return list(dict.fromkeys(m.subject for m in found))
+    keys = dict.fromkeys(m.subject for m in found)
+    if leader:
+        for msg in await _from_leader(js, stream, f"{head}>", seen + 1, 0, head, markers=True):
+            keys.pop(msg.subject, None)
+            if msg.data:
+                keys[msg.subject] = None
+    return list(keys)
 
 
 async def _scan(

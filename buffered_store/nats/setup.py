@@ -120,6 +120,7 @@ class WalSetup(WalHandles):
             js=self._js,
             nc=self._nc,
             timeout_s=self.config.request_timeout_s,
+            leader=not self.direct,
         )
 
     async def _ensure_stream(self) -> None:

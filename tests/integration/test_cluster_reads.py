@@ -163,9 +163,10 @@ async def test_scans_through_a_follower_hold_every_acknowledged_write(
     nats_cluster: NatsCluster, cluster_config: ClusterConfig
 ) -> None:
     """Right after each write, a reader talking to a follower scans the WAL range, the
-    thread's subject and the hot records: no scan fails (before, 2 to 4% of range reads
-    raised ``503``: the follower did not know the new consumer yet) and none misses the
-    write (the scan's consumer may sit on any replica; the leader completes it)."""
+    thread's subject, the hot records and the quarantine bucket's keys: no scan fails
+    (before, 2 to 4% of range reads raised ``503``: the follower did not know the new
+    consumer yet) and none misses the write (the scan's consumer may sit on any replica;
+    the leader completes it)."""
     config = cluster_config()
     writer = await NatsWal.connect(config)
     reader: NatsWal | None = None
@@ -188,6 +189,9 @@ async def test_scans_through_a_follower_hold_every_acknowledged_write(
                 keys = {m.subject for m in await reader.hot_updates("h.", 1)}
                 if hot_key(f"r{step}") not in keys or len(keys) != step + 1:
                     wrong.append((step, "hot"))
+                await writer.quarantine.create(f"m.{step}", b"{}")
+                if f"m.{step}" not in await reader.quarantine.keys():
+                    wrong.append((step, "quarantine"))
         assert wrong == []
     finally:
         if reader is not None:

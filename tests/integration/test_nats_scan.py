@@ -141,3 +141,20 @@ async def test_direct_reads_take_the_scan_as_it_comes(
     assert not [s for s in requests if ".GET." in s], requests
     lagging_replica(monkeypatch, 2)
     assert len(await wal.read_range(seqs[0], seqs[-1])) == 2
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3])
+async def test_leader_reads_complete_a_key_listing_from_the_leader(
+    wal_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, keep: int
+) -> None:
+    """The quarantine bucket's listing (the trim floor keeps every quarantined message
+    it names, so a key missed there is a message trimmed): what the lagging replica did
+    not deliver, deletes included, comes from the leader."""
+    wal: NatsWal = await wal_for(read_from="leader")
+    bucket = wal.quarantine
+    for key in ("t.a", "t.b", "m.7", "m.9"):
+        await bucket.create(key, b"{}")
+    await bucket.delete("t.b")
+    await bucket.put("t.a", b"{}")  # now the newest key
+    lagging_replica(monkeypatch, keep)
+    assert await bucket.keys() == ["m.7", "m.9", "t.a"]
