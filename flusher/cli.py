@@ -102,6 +102,9 @@ def langgraph_flusher_config(lg: LangGraphConfig, **overrides: Any) -> FlusherCo
 @click.option("--flush-interval", "flush_interval_s", type=float, default=None, help="Seconds.")
 @click.option("--batch-size", "flush_batch_size", type=int, default=None, help="Messages.")
 @click.option(
+    "--batch-bytes", "flush_batch_bytes", type=int, default=None, help="Payload bytes (about)."
+)
+@click.option(
     "--stats-interval",
     type=float,
     default=30.0,
@@ -140,6 +143,7 @@ def flusher_command(
     consumer_name: str | None,
     flush_interval_s: float | None,
     flush_batch_size: int | None,
+    flush_batch_bytes: int | None,
     stats_interval: float,
     log_level: str,
     log_format: str | None,
@@ -152,6 +156,7 @@ def flusher_command(
         "consumer_name": consumer_name,
         "flush_interval_s": flush_interval_s,
         "flush_batch_size": flush_batch_size,
+        "flush_batch_bytes": flush_batch_bytes,
     }
     if front_end == "langgraph":
         from buffered_store.langgraph import LG_FORMAT, LangGraphSink

@@ -40,6 +40,8 @@ class Intake:
         self.in_hand: list[Delivered] = []
         """Messages of the window being collected (or collected and not yet taken by a
         cycle): kept alive meanwhile, given back if the flusher is cancelled."""
+        self.bytes_in_hand = 0
+        """Payload bytes of `in_hand`."""
 
     async def open(self) -> None:
         """Create (or re-create) the pull subscription bound to the durable consumer."""
@@ -94,7 +96,9 @@ class Intake:
         times per window instead of once per message. After a window that filled
         `flush_batch_size`, the next streams instead: its pull request stays open and
         delivers what arrives (one more is opened when it is over), so it ends as soon
-        as a whole batch is waiting. Either way it ends early when `should_stop()` turns
+        as a whole batch is waiting. A batch is `flush_batch_size` messages or
+        `flush_batch_bytes` of their payloads, whichever comes first (every fetch asks
+        for no more bytes than are left). Either way it ends early when `should_stop()` turns
         true (what is in hand is still returned, to be flushed). While `busy()` (the
         previous cycle still applies, so the next one could not start anyway) it goes on
         past `flush_interval_s`, streaming: a slow commit makes the next batch bigger
@@ -126,7 +130,7 @@ class Intake:
         if streaming:
             await self._stream(sub, deadline, should_stop, busy)
         else:
-            while not should_stop() and len(msgs) < batch_size:
+            while not should_stop() and not self.full:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -135,7 +139,7 @@ class Intake:
                 # Due while the previous cycle still applies: stream until it ends, so
                 # the next cycle starts with everything written meanwhile.
                 await self._stream(sub, deadline, should_stop, busy)
-        if len(msgs) < batch_size:
+        if not self.full:
             try:
                 if streaming or sub.pulling:  # what the open request delivered
                     self._add(await self._fetch(batch_size - len(msgs), MIN_FETCH_TIMEOUT_S))
@@ -143,13 +147,17 @@ class Intake:
                     self._add(await self._drain(sub))
             except Exception:
                 self.invalidate()  # keep what is in hand; subscribe again next time
-        self._streaming = len(msgs) >= batch_size
+        self._streaming = self.full
 
     async def _drain(self, sub: Delivery) -> list[Delivered]:
         """Everything waiting (up to the rest of a batch), in one burst; no pull request
         is left open."""
         left = self.config.flush_batch_size - len(self.in_hand)
-        return list(await sub.fetch(left, self.config.fetch_timeout_s, linger=False))
+        return list(
+            await sub.fetch(
+                left, self.config.fetch_timeout_s, linger=False, max_bytes=self._bytes_left()
+            )
+        )
 
     async def _stream(
         self,
@@ -162,7 +170,7 @@ class Intake:
         loop = asyncio.get_running_loop()
         batch_size = self.config.flush_batch_size
         msgs = self.in_hand
-        while not should_stop() and len(msgs) < batch_size:
+        while not should_stop() and not self.full:
             remaining = deadline - loop.time()
             if remaining > 0:
                 if sub.waiting or (not sub.pulling and remaining >= FILL_CHECK_S):
@@ -179,7 +187,19 @@ class Intake:
 
     def _add(self, fetched: list[Delivered]) -> None:
         self.in_hand.extend(fetched)
+        self.bytes_in_hand += sum(len(m.data) for m in fetched)
         self.stats.fetched += len(fetched)
+
+    @property
+    def full(self) -> bool:
+        """A whole batch is in hand: `flush_batch_size` messages or `flush_batch_bytes`."""
+        return (
+            len(self.in_hand) >= self.config.flush_batch_size
+            or self.bytes_in_hand >= self.config.flush_batch_bytes
+        )
+
+    def _bytes_left(self) -> int:
+        return max(1, self.config.flush_batch_bytes - self.bytes_in_hand)
 
     @property
     def subscription(self) -> Delivery | None:
@@ -193,9 +213,10 @@ class Intake:
     def take(self) -> list[Delivered]:
         """Hand the collected messages over (the caller now settles them)."""
         msgs, self.in_hand = self.in_hand, []
+        self.bytes_in_hand = 0
         return msgs
 
     async def _fetch(self, count: int, remaining_s: float) -> list[Delivered]:
         assert self._sub is not None
         timeout = max(MIN_FETCH_TIMEOUT_S, min(remaining_s, self.config.fetch_timeout_s))
-        return list(await self._sub.fetch(count, timeout))
+        return list(await self._sub.fetch(count, timeout, max_bytes=self._bytes_left()))

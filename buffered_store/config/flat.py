@@ -43,6 +43,7 @@ class FlushPolicyFields:
 
     flush_interval_s: float
     flush_batch_size: int
+    flush_batch_bytes: int
     poison_attempts: int
 
 

@@ -158,12 +158,17 @@ class FlushPolicy(Role):
     """Collection window of the flusher: entries are coalesced per thread within it."""
     flush_batch_size: int = 1024
     """Most WAL messages one flush cycle takes."""
+    flush_batch_bytes: int = 64 * 1024 * 1024
+    """About the most payload bytes one flush cycle takes (it stops taking messages once
+    it holds this many; a message larger than what is left still comes, alone if need
+    be): with large entries, `flush_batch_size` of them would hold up to `max_payload`
+    each in the flusher's memory and in one transaction."""
     poison_attempts: int = 5
     """Deliveries (or apply attempts) before an entry is quarantined."""
 
     def __post_init__(self) -> None:
         check_positive(self, "flush_interval_s")
-        check_positive_int(self, "flush_batch_size", "poison_attempts")
+        check_positive_int(self, "flush_batch_size", "flush_batch_bytes", "poison_attempts")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -111,10 +111,13 @@ class Delivery(Protocol):
         ...
 
     async def fetch(
-        self, count: int, timeout_s: float, *, linger: bool = True
+        self, count: int, timeout_s: float, *, linger: bool = True, max_bytes: int = 0
     ) -> Sequence[Delivered]:
         """Up to `count` messages, waiting at most `timeout_s` (none arrived: empty).
-        With `linger` False: only those waiting now, and no pull request is left open."""
+        With `linger` False: only those waiting now, and no pull request is left open.
+        With `max_bytes`: no more messages once their payloads reach that many bytes
+        (the first always comes, whatever its size), and no request the server answers
+        asks for much more."""
         ...
 
     @property

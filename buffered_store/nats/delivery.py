@@ -42,6 +42,13 @@ LINGER_AFTER_S = 0.02
 """A fetch shorter than this takes what is there (one request) and never waits."""
 _OVER = frozenset({"404", "408"})
 """Statuses that end a pull request normally (nothing more, or it expired)."""
+_DONE_409 = ("Message Size Exceeds MaxBytes", "Batch Completed")
+"""Descriptions of a ``409`` that ends a pull request with `max_bytes` normally: its bytes
+are reached (the next message would go past them), or its whole batch was delivered."""
+MAX_BYTES_SLACK = 64 * 1024
+"""A pull request's `max_bytes` is never below the server's `max_payload` plus this (room
+for the subject and reply the server counts too): a message larger than what a request
+allows would never be delivered, and the flush would stall on it."""
 _HEARTBEAT = "100"
 
 
@@ -103,6 +110,8 @@ class NatsDelivery:
         self._moved = moved
         self._sub: Subscription | None = None
         self._queue: collections.deque[Msg] = collections.deque()
+        self._queued_bytes = 0
+        """Payload bytes of `_queue`."""
         self._changed = asyncio.Event()
         self._budget = 0
         """Messages the open pull request may still deliver (0: none is open)."""
@@ -144,7 +153,7 @@ class NatsDelivery:
         return self._open(asyncio.get_running_loop().time())
 
     async def fetch(
-        self, count: int, timeout_s: float, *, linger: bool = True
+        self, count: int, timeout_s: float, *, linger: bool = True, max_bytes: int = 0
     ) -> list[NatsDelivered]:
         """Up to `count` messages: those queued, else all the server has now, else the
         first to arrive within `timeout_s` (none: empty). When fewer than `count` are
@@ -152,12 +161,15 @@ class NatsDelivery:
         `timeout_s` is over: what arrives meanwhile is queued for the next fetch, without
         another request. With `linger` False: those queued and all the server has now,
         up to `count` (waiting up to `timeout_s` for the server to send them), and no
-        request stays open."""
+        request stays open. With `max_bytes`, `count` ends sooner once the payloads
+        handed out reach that many bytes (the first message always comes), and each
+        request asks the server for about the bytes still missing (`MAX_BYTES_SLACK`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         may_wait = linger and timeout_s >= LINGER_AFTER_S
         queued = len(self._queue)
-        if queued < count and not self._open(loop.time()):
+        short = not max_bytes or self._queued_bytes < max_bytes
+        if queued < count and short and not self._open(loop.time()):
             # Everything there is now, up to what the queue lacks (the server ends the
             # request with a status when it has sent all it had), then, if nothing was,
             # one request that stays open. For one message that may wait, the waiting
@@ -166,22 +178,34 @@ class NatsDelivery:
             # server's too, or a collection window that began with a few queued would
             # end with them and leave the backlog for a later one.
             if not linger or (not queued and (count > 1 or not may_wait)):
-                await self._request(count - queued, timeout_s, no_wait=True)
+                await self._request(count - queued, timeout_s, no_wait=True, max_bytes=max_bytes)
                 await self._until(lambda: not self._budget, deadline)
             if not self._queue and may_wait and loop.time() < deadline:
-                await self._request(count, deadline - loop.time() + OVERLAP_S, no_wait=False)
+                await self._request(
+                    count, deadline - loop.time() + OVERLAP_S, no_wait=False, max_bytes=max_bytes
+                )
         await self._until(lambda: bool(self._queue) or not self._open(loop.time()), deadline)
         if self._refused:
             refused, self._refused = self._refused, ""
             raise WalUnavailableError(f"the flusher consumer refused a pull request: {refused}")
         taken: list[NatsDelivered] = []
-        while self._queue and len(taken) < count:
-            taken.append(NatsDelivered(self._queue.popleft()))
+        size = 0
+        while self._queue and len(taken) < count and (not max_bytes or size < max_bytes):
+            msg = self._queue.popleft()
+            self._queued_bytes -= len(msg.data)
+            size += len(msg.data)
+            taken.append(NatsDelivered(msg))
         left = deadline - loop.time()
-        if len(taken) < count and may_wait and left > 0 and not self._open(loop.time()):
+        short = not max_bytes or size < max_bytes
+        if len(taken) < count and short and may_wait and left > 0 and not self._open(loop.time()):
             # The request that delivered these is over (or they came from the queue):
             # without a new one nothing more would arrive before the caller's window ends.
-            await self._request(count - len(taken), left + OVERLAP_S, no_wait=False)
+            await self._request(
+                count - len(taken),
+                left + OVERLAP_S,
+                no_wait=False,
+                max_bytes=max_bytes - size if max_bytes else 0,
+            )
         return taken
 
     async def close(self) -> None:
@@ -199,8 +223,15 @@ class NatsDelivery:
             self._budget = 0  # its end was never signalled: count it as over
         return self._budget > 0
 
-    async def _request(self, count: int, timeout_s: float, *, no_wait: bool) -> None:
+    async def _request(
+        self, count: int, timeout_s: float, *, no_wait: bool, max_bytes: int = 0
+    ) -> None:
+        """A pull request for `count` messages beyond those queued; with `max_bytes`, for
+        about that many payload bytes less those queued (never below one whole message)."""
         body: dict[str, object] = {"batch": count}
+        if max_bytes:
+            wanted = max_bytes - self._queued_bytes
+            body["max_bytes"] = max(wanted, self.max_payload + MAX_BYTES_SLACK)
         if no_wait:
             body["no_wait"] = True
             self._over_at = asyncio.get_running_loop().time() + REQUEST_GRACE_S
@@ -231,20 +262,27 @@ class NatsDelivery:
             except TimeoutError:
                 return
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (1 MiB until the connection says)."""
+        return int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
+
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}
         status = headers.get(Header.STATUS.value)
         if status:
             if status == _HEARTBEAT:
                 return
-            if status not in _OVER:
+            description = headers.get(Header.DESCRIPTION.value, "")
+            if status not in _OVER and not description.startswith(_DONE_409):
                 # 409: the consumer was deleted, its leader changed, too many waiting
                 # requests...; 503: nobody answers for the consumer.
-                self._refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}".strip()
+                self._refused = f"{status} {description}".strip()
             self._budget = 0
             self._changed.set()
             return
         self._queue.append(msg)
+        self._queued_bytes += len(msg.data)
         if self._budget:
             self._budget -= 1
         self._changed.set()

@@ -214,13 +214,19 @@ class MemoryConsumer:
         """The first stream seq never delivered."""
         self.unacked: dict[int, Unacked] = {}
 
-    def take(self, count: int, now: float) -> list[tuple[StoredMsg, int]]:
+    def take(self, count: int, now: float, max_bytes: int = 0) -> list[tuple[StoredMsg, int]]:
         """Deliver up to `count` messages: (message, deliveries so far). Messages due
         again come first, in stream order; new ones only while fewer than
-        `max_ack_pending` wait for their ack."""
+        `max_ack_pending` wait for their ack. With `max_bytes`, none after their
+        payloads reach that many bytes (the first always comes)."""
         out: list[tuple[StoredMsg, int]] = []
+        size = 0
+
+        def full() -> bool:
+            return len(out) == count or (max_bytes > 0 and size >= max_bytes)
+
         for seq in sorted(s for s, u in self.unacked.items() if u.due <= now):
-            if len(out) == count:
+            if full():
                 return out
             waiting = self.unacked[seq]
             waiting.deliveries += 1
@@ -229,8 +235,9 @@ class MemoryConsumer:
                 del self.unacked[seq]
                 continue
             out.append((self.stream.messages[seq], waiting.deliveries))
+            size += len(self.stream.messages[seq].data)
         while (
-            len(out) < count
+            not full()
             and len(self.unacked) < self.max_ack_pending
             and self.next_seq <= self.stream.last_seq
         ):
@@ -240,6 +247,7 @@ class MemoryConsumer:
             self.next_seq = seq + 1
             self.unacked[seq] = Unacked(1, now + self.ack_wait_s)
             out.append((self.stream.messages[seq], 1))
+            size += len(self.stream.messages[seq].data)
         return out
 
     def next_due(self) -> float | None:

@@ -467,7 +467,7 @@ class MemoryDelivery:
         return True
 
     async def fetch(
-        self, count: int, timeout_s: float, *, linger: bool = True
+        self, count: int, timeout_s: float, *, linger: bool = True, max_bytes: int = 0
     ) -> list[MemoryDelivered]:
         """Up to `count` messages: those available at once, else the first ones to become
         available (published, nak'ed, or past their ack wait) within `timeout_s` (with
@@ -494,7 +494,7 @@ class MemoryDelivery:
             if server.consumer(config.stream_name, config.consumer_name) is not first:
                 return []  # deleted (and maybe created again) meanwhile
             now = server.now()
-            taken = first.take(count, now)
+            taken = first.take(count, now, max_bytes)
             if taken:
                 return [MemoryDelivered(wal, first, msg, n) for msg, n in taken]
             remaining = deadline - loop.time()

@@ -228,3 +228,16 @@ async def _settled(wal: Wal, *, ack_floor: int, num_ack_pending: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"acks not applied: {state}")
+
+
+async def test_a_fetch_stops_at_its_byte_budget(wal: Wal) -> None:
+    """`max_bytes`: messages are handed out until their payloads reach it; the first
+    always comes, even alone and larger than the budget (or it would never be flushed)."""
+    subject = f"{wal.config.stream_name}.t.x"
+    for i in range(7):
+        await wal.append(subject, bytes([65 + i]) * 1000)
+    sub = await wal.subscribe()
+    assert seqs(list(await sub.fetch(10, 2.0, max_bytes=2500))) == [1, 2, 3]
+    assert seqs(list(await sub.fetch(10, 2.0, max_bytes=10))) == [4]
+    assert seqs(list(await sub.fetch(10, 2.0, max_bytes=0))) == [5, 6, 7]  # 0: no limit
+    await sub.close()

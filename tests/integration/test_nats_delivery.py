@@ -150,3 +150,28 @@ async def test_a_drain_with_some_queued_takes_the_rest_the_server_holds(
         await delivery.close()
     finally:
         await wal.close()
+
+
+async def test_a_pull_request_asks_the_server_for_no_more_than_its_bytes(
+    config: BufferedStoreConfig,
+) -> None:
+    """A fetch with a byte budget asks the server for that many bytes (never less than
+    one whole message: the server would refuse a larger message to it for ever), so a
+    flusher's memory holds about a budget, not `flush_batch_size` large messages. The
+    server ends such a request with a 409 that is no refusal."""
+    wal = await NatsWal.connect(config)
+    try:
+        big = wal.max_payload // 2 + 1  # two of them go past one request's minimum
+        for i in range(4):
+            await wal.append(f"{config.stream_name}.t.x", bytes([65 + i]) * big)
+        delivery = await wal.subscribe()
+        assert isinstance(delivery, NatsDelivery)
+        got = await delivery.fetch(10, 2.0, linger=False, max_bytes=1)
+        assert [m.stream_seq for m in got] == [1]
+        assert delivery.waiting <= 1  # the server stopped at the request's bytes
+        rest = await delivery.fetch(10, 2.0, linger=False)
+        assert [m.stream_seq for m in rest] == [2, 3, 4][: len(rest)]
+        assert len(got) + len(rest) + delivery.waiting >= 2
+        await delivery.close()
+    finally:
+        await wal.close()

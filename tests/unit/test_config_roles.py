@@ -51,6 +51,7 @@ ENGINE = {
     "read_from": "auto",
     "flush_interval_s": 0.5,
     "flush_batch_size": 1024,
+    "flush_batch_bytes": 64 * 1024 * 1024,
     "ack_wait_s": 30.0,
     "max_ack_pending": 20000,
     "request_timeout_s": 2.0,

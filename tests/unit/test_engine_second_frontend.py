@@ -107,8 +107,11 @@ class NotesSink:
     def __init__(self) -> None:
         self.texts: dict[str, list[str]] = {}
         self.marks: dict[str, int] = {}
+        self.cycle_texts: list[int] = []
+        """Characters of text each apply call was given."""
 
     async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        self.cycle_texts.append(sum(len(note.text) for batch in batches for note in batch))
         outcomes = []
         for batch in batches:
             thread_id = batch[0].thread_id
@@ -161,6 +164,32 @@ async def test_a_foreign_front_end_appends_and_the_flusher_drains_it() -> None:
     state = await wal.consumer_state()
     assert (state.num_pending, state.num_ack_pending, state.ack_floor) == (0, 0, 6)
     assert await sink.flushed_seqs(["a", "b"]) == {"a": 3, "b": 3}
+    await wal.close()
+
+
+async def test_a_backlog_of_large_entries_is_flushed_in_cycles_of_flush_batch_bytes() -> None:
+    """24 entries of about 10 KB with `flush_batch_bytes` at 32 KB: every cycle holds
+    at most the budget plus one entry (the one that reaches it), and all are flushed."""
+    server = MemoryJetStream()
+    config = BufferedStoreConfig(
+        stream_name="NOTES",
+        hot_bucket="notes-hot",
+        consumer_name="notes",
+        flush_interval_s=0.05,
+        flush_batch_bytes=32 * 1024,
+    )
+    wal = MemoryWal(config, server)
+    writer: Writer[Note, NoteHot, int] = Writer(wal, config, FMT)
+    for i in range(12):
+        for thread in ("a", "b"):
+            await write_note(writer, thread, f"{i:02d}" + "x" * 10_000)
+    sink = NotesSink()
+    async with Flusher(sink, config, wal=MemoryWal(config, server), fmt=FMT) as flusher:
+        await flusher.wait_idle(timeout_s=5)
+    assert [len(sink.texts[t]) for t in ("a", "b")] == [12, 12]
+    assert sum(sink.cycle_texts) == 24 * 10_002
+    assert len(sink.cycle_texts) >= 6
+    assert max(sink.cycle_texts) <= 32 * 1024 + 10_002
     await wal.close()
 
 

@@ -3,6 +3,7 @@ the subscription for, and when (no server: the subscription records the calls)."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ class ScriptedDelivery:
         self.ends = request_ends_after_first_fetch
         self.fetches: list[tuple[int, float]] = []
         self.lingering: list[bool] = []
+        self.byte_budgets: list[int] = []
         self.stale = False
 
     @property
@@ -45,10 +47,17 @@ class ScriptedDelivery:
     def queued(self) -> Sequence[Delivered]:
         return list(self.queue)
 
-    async def fetch(self, count: int, timeout_s: float, *, linger: bool = True) -> list[Any]:
+    async def fetch(
+        self, count: int, timeout_s: float, *, linger: bool = True, max_bytes: int = 0
+    ) -> list[Any]:
         self.fetches.append((count, timeout_s))
         self.lingering.append(linger)
-        taken, self.queue = self.queue[:count], self.queue[count:]
+        self.byte_budgets.append(max_bytes)
+        taken: list[Any] = []
+        while self.queue and len(taken) < count:
+            if max_bytes and sum(len(m.data) for m in taken) >= max_bytes:
+                break
+            taken.append(self.queue.pop(0))
         if len(taken) < count and timeout_s >= 0.02 and linger and not self.pulling:
             self.pulling = True
         elif len(self.fetches) == 1 and self.ends:
@@ -86,7 +95,9 @@ async def test_a_window_that_does_not_fill_asks_at_its_start_and_at_its_end_only
     delivery.pulling = False
     arrivals = [Msg(n) for n in range(5)]
 
-    async def fetch(count: int, timeout_s: float, *, linger: bool = True) -> list[Any]:
+    async def fetch(
+        count: int, timeout_s: float, *, linger: bool = True, max_bytes: int = 0
+    ) -> list[Any]:
         delivery.fetches.append((count, timeout_s))
         delivery.lingering.append(linger)
         taken, arrivals[:] = arrivals[:count], arrivals[count:]
@@ -140,3 +151,25 @@ async def test_a_streaming_window_with_a_request_open_fills_without_asking() -> 
     await intake.collect(lambda: False)
     assert [count for count, _ in delivery.fetches] == [100, 97]
     assert all(delivery.lingering)
+
+
+async def test_a_window_ends_once_its_messages_reach_flush_batch_bytes() -> None:
+    """Large entries: the window takes no more than `flush_batch_bytes` of payloads
+    (each fetch asks for the bytes left), ends at once instead of waiting out its
+    interval, and the next window streams as after any full batch."""
+    delivery = ScriptedDelivery(queued=0, request_ends_after_first_fetch=False)
+    delivery.queue = [Msg(n) for n in range(10, 30)]  # "m10".."m29": 3 bytes each
+    config = FlusherConfig(flush_interval_s=5.0, flush_batch_size=100, flush_batch_bytes=10)
+    intake = Intake(OneSubscription(delivery), config, FlusherStats())  # type: ignore[arg-type]
+    started = asyncio.get_running_loop().time()
+    await intake.collect(lambda: False)
+    assert asyncio.get_running_loop().time() - started < 1.0  # not the 5 s interval
+    taken = intake.take()
+    assert [m.stream_seq for m in taken] == [10, 11, 12, 13]  # 12 bytes: the fourth ends it
+    assert intake.bytes_in_hand == 0
+    assert delivery.byte_budgets[0] == 10
+    assert all(0 < budget <= 10 for budget in delivery.byte_budgets)
+    delivery.fetches.clear()
+    await intake.collect(lambda: False)
+    assert [m.stream_seq for m in intake.take()] == [14, 15, 16, 17]
+    assert delivery.fetches[0][0] == 100  # streaming: the whole batch asked for at once
