@@ -98,8 +98,9 @@ class Intake:
         delivers what arrives (one more is opened when it is over), so it ends as soon
         as a whole batch is waiting. A batch is `flush_batch_size` messages or
         `flush_batch_bytes` of their payloads, whichever comes first (every fetch asks
-        for no more bytes than are left). Either way it ends early when `should_stop()` turns
-        true (what is in hand is still returned, to be flushed). While `busy()` (the
+        for about the bytes left, never less than one message of the largest size).
+        Either way it ends early when `should_stop()` turns true (what is in hand is
+        still returned, to be flushed). While `busy()` (the
         previous cycle still applies, so the next one could not start anyway) it goes on
         past `flush_interval_s`, streaming: a slow commit makes the next batch bigger
         instead of older, and it starts with what was written meanwhile. A fetch error

@@ -42,9 +42,13 @@ LINGER_AFTER_S = 0.02
 """A fetch shorter than this takes what is there (one request) and never waits."""
 _OVER = frozenset({"404", "408"})
 """Statuses that end a pull request normally (nothing more, or it expired)."""
-_DONE_409 = ("Message Size Exceeds MaxBytes", "Batch Completed")
-"""Descriptions of a ``409`` that ends a pull request with `max_bytes` normally: its bytes
-are reached (the next message would go past them), or its whole batch was delivered."""
+_BYTES_REACHED = "Message Size Exceeds MaxBytes"
+"""A ``409``'s description that ends a pull request with `max_bytes` normally: the next
+message would go past its bytes."""
+_BATCH_COMPLETED = "Batch Completed"
+"""A ``409``'s description that follows the last message of a request with `max_bytes`
+whose batch was delivered: that message already ended the request here (and a new
+request may be open by the time this arrives), so it changes nothing."""
 MAX_BYTES_SLACK = 64 * 1024
 """A pull request's `max_bytes` is never below the server's `max_payload` plus this (room
 for the subject and reply the server counts too): a message larger than what a request
@@ -115,9 +119,16 @@ class NatsDelivery:
         self._changed = asyncio.Event()
         self._budget = 0
         """Messages the open pull request may still deliver (0: none is open)."""
+        self._asked = 0
+        """Messages the last pull request asked for."""
         self._over_at = 0.0
         """Loop time after which the open request counts as over anyway."""
         self._refused = ""
+        self._too_big = False
+        """The last request ended on its bytes with nothing delivered: the next message is
+        larger than a request's smallest `max_bytes` (a node with a smaller
+        `max_payload` than the one that stored it), so the next request asks for that
+        one message without `max_bytes` (else it would never be delivered)."""
         self.requests = 0
         """Pull requests sent."""
 
@@ -228,6 +239,8 @@ class NatsDelivery:
     ) -> None:
         """A pull request for `count` messages beyond those queued; with `max_bytes`, for
         about that many payload bytes less those queued (never below one whole message)."""
+        if self._too_big:
+            count, max_bytes, self._too_big = 1, 0, False  # that one message, whatever its size
         body: dict[str, object] = {"batch": count}
         if max_bytes:
             wanted = max_bytes - self._queued_bytes
@@ -241,7 +254,7 @@ class NatsDelivery:
             expires_s = max(timeout_s, MIN_PULL_S)
             body["expires"] = int(expires_s * 1_000_000_000)
             self._over_at = asyncio.get_running_loop().time() + expires_s + REQUEST_GRACE_S
-        self._budget = count
+        self._budget = self._asked = count
         self.requests += 1
         try:
             await self._nc.publish(self._next, orjson.dumps(body), reply=self._inbox)
@@ -271,10 +284,12 @@ class NatsDelivery:
         headers = msg.headers or {}
         status = headers.get(Header.STATUS.value)
         if status:
-            if status == _HEARTBEAT:
-                return
             description = headers.get(Header.DESCRIPTION.value, "")
-            if status not in _OVER and not description.startswith(_DONE_409):
+            if status == _HEARTBEAT or description.startswith(_BATCH_COMPLETED):
+                return
+            if description.startswith(_BYTES_REACHED):
+                self._too_big = self._budget == self._asked  # not one message came
+            elif status not in _OVER:
                 # 409: the consumer was deleted, its leader changed, too many waiting
                 # requests...; 503: nobody answers for the consumer.
                 self._refused = f"{status} {description}".strip()

@@ -105,7 +105,9 @@ class HotKv(WalHandles):
 
     async def hot_updates(self, prefix: str, from_seq: int) -> list[StoredMsg]:
         """Messages of the hot bucket's stream on keys starting with `prefix`, from
-        `from_seq` on (each key appears once: the bucket keeps only its latest value).
+        `from_seq` on, in stream order (each key once, as the bucket keeps only its
+        latest value; with leader reads a key written during the scan may come twice,
+        the later one newer).
 
         `StoredMsg.subject` is the key. The first `SCAN_DIRECT_GETS` come from direct gets
         (one round trip each, nothing to set up); a longer scan continues through a

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import re
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import nats.errors
@@ -37,6 +38,10 @@ PULL_RETRY = Backoff(0.002, 0.1)
 `timeout_s`, counted from the first refusal)."""
 SCAN_CONSUMER_IDLE_S = 30.0
 """The server deletes a scan's consumer left behind (its scanner died) after this long."""
+LEADER_GETS_MAX = 64
+"""Past this many messages missing from a scan whose reads must come from the leader (its
+consumer's replica far behind, catching up after a restart, say), the scan runs once more
+for them before the rest is read one leader get per message."""
 
 
 async def scan_by_consumer(
@@ -57,19 +62,40 @@ async def scan_by_consumer(
     drops it by itself if this process dies first). `timeout_s`: the longest wait for
     one batch.
 
-    `leader`: the scan must hold everything the stream's leader has (reads where
-    `read_from` asks for the leader). The server places a scan's consumer on any of a
-    replicated stream's peers (measured on a three-node cluster: a third of them on the
-    leader), and a follower may not have applied the newest writes yet; so where the
-    scan ends short of `last`, what follows is read from the leader, one get per message
-    (one get, finding nothing, when the replica was current)."""
-    wanted = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
-    found, seen = await _scan(
-        js, nc, stream, subject, wanted, head, from_seq, last, times, timeout_s, until_empty=False
-    )
-    if leader and (not last or seen < last):
-        found.extend(await _from_leader(js, stream, subject, seen + 1, last, head))
+    `leader`: the scan must hold everything the stream's leader had when it ended (reads
+    where `read_from` asks for the leader). The server places a scan's consumer on any
+    of a replicated stream's peers (measured on a three-node cluster: a third of them on
+    the leader), and a follower may not have applied the newest writes yet. So the
+    scan's end is checked with the leader (`last`, or one get of the leader's last
+    message on `subject` when `last` is 0), and what the scan did not deliver up to it
+    is read from the leader: one get per message (none when the replica was current; a
+    second scan first when more than `LEADER_GETS_MAX` are missing)."""
+
+    def scan(start: int, end: int) -> Awaitable[tuple[list[StoredMsg], int]]:
+        wanted = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
+        return _scan(
+            js, nc, stream, subject, wanted, head, start, end, times, timeout_s, until_empty=False
+        )
+
+    found, seen = await scan(from_seq, last)
+    if not leader:
+        return found
+    end = last or await _leader_last(js, stream, subject)
+    if end - seen > LEADER_GETS_MAX:
+        more, seen = await scan(seen + 1, end)
+        found.extend(more)
+    if seen < end:
+        found.extend(await _from_leader(js, stream, subject, seen + 1, end, head))
     return found
+
+
+async def _leader_last(js: JetStreamContext, stream: str, subject: str | None) -> int:
+    """The stream seq of the leader's last message on `subject` (None: any), 0: none."""
+    try:
+        raw = await js.get_last_msg(stream, subject or ">", direct=False)
+    except jse.NotFoundError:
+        return 0
+    return int(raw.seq or 0)
 
 
 async def _from_leader(
@@ -82,18 +108,18 @@ async def _from_leader(
     *,
     markers: bool = False,
 ) -> list[StoredMsg]:
-    """The messages on `subject` (None: all) from `from_seq` to `last` (0: the end) with
-    a value (`markers`: those without one too), as the stream's leader has them: one get
-    per message, and one finding none."""
+    """The messages on `subject` (None: all) from `from_seq` to `last` with a value
+    (`markers`: those without one too), as the stream's leader has them: one get per
+    message (and one finding none when the range ends with deleted ones)."""
     found: list[StoredMsg] = []
     seq = from_seq
-    while not last or seq <= last:
+    while seq <= last:
         try:
             raw = await js.get_msg(stream, seq=seq, subject=subject or ">", next=True)
         except jse.NotFoundError:
             break
         msg = stored_msg(raw)
-        if last and msg.seq > last:
+        if msg.seq > last:
             break
         if msg.data or markers:
             found.append(StoredMsg(msg.seq, msg.subject[len(head) :], msg.data))
@@ -123,15 +149,17 @@ async def live_keys(
 
     `leader`: as `scan_by_consumer`'s. Every message after the last one the consumer
     delivered is one its replica had not applied (had it, the message would be the last
-    of its key and delivered), so the leader's messages after it update the listing.
+    of its key and delivered), so the leader's messages after it, up to its last one
+    when the scan ended, update the listing.
     """
     wanted = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
     found, seen = await _scan(
         js, nc, stream, f"{head}>", wanted, head, 1, 0, None, timeout_s, until_empty=True
     )
     keys = dict.fromkeys(m.subject for m in found)
-    if leader:
-        for msg in await _from_leader(js, stream, f"{head}>", seen + 1, 0, head, markers=True):
+    end = await _leader_last(js, stream, f"{head}>") if leader else 0
+    if seen < end:
+        for msg in await _from_leader(js, stream, f"{head}>", seen + 1, end, head, markers=True):
             keys.pop(msg.subject, None)
             if msg.data:
                 keys[msg.subject] = None

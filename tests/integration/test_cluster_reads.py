@@ -148,12 +148,13 @@ async def test_replicated_reads_go_to_the_leader_and_single_replica_reads_stay_d
             assert len(subjects) == 4, subjects
             assert (via_leader if leader_api else direct) == subjects, overrides
             # A subject read in bulk (a long walk): one consumer scan, then, through
-            # the leader, one get finding nothing the scan's replica had not applied.
+            # the leader, its last message there (and what the scan's replica had not
+            # applied, when it lags).
             subjects.clear()
             assert [m.seq for m in await wal.read_subject(subject, 1)] == [seq]
             assert any(".CONSUMER.CREATE." in s for s in subjects), subjects
             gets = [s for s in subjects if ".GET." in s]
-            assert len(gets) == (1 if leader_api else 0), subjects
+            assert len(gets) >= 1 if leader_api else not gets, subjects
             assert all(".STREAM.MSG.GET." in s for s in gets), subjects
         finally:
             await wal.close()

@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import Header
+
 from buffered_store.config import BufferedStoreConfig
 from buffered_store.nats import NatsWal
-from buffered_store.nats.delivery import NatsDelivery
+from buffered_store.nats import delivery as delivery_module
+from buffered_store.nats.delivery import MAX_BYTES_SLACK, NatsDelivery
 from flusher.config import FlusherConfig
 from flusher.intake import Intake
 from flusher.stats import FlusherStats
@@ -155,23 +160,76 @@ async def test_a_drain_with_some_queued_takes_the_rest_the_server_holds(
 async def test_a_pull_request_asks_the_server_for_no_more_than_its_bytes(
     config: BufferedStoreConfig,
 ) -> None:
-    """A fetch with a byte budget asks the server for that many bytes (never less than
-    one whole message: the server would refuse a larger message to it for ever), so a
+    """A fetch with a byte budget asks the server for that many bytes, never less than
+    one whole message of the largest size (`max_payload` plus `MAX_BYTES_SLACK`), so a
     flusher's memory holds about a budget, not `flush_batch_size` large messages. The
     server ends such a request with a 409 that is no refusal."""
     wal = await NatsWal.connect(config)
     try:
-        big = wal.max_payload // 2 + 1  # two of them go past one request's minimum
+        big = (wal.max_payload + MAX_BYTES_SLACK) // 2 + 1  # one fits a request, not two
         for i in range(4):
             await wal.append(f"{config.stream_name}.t.x", bytes([65 + i]) * big)
         delivery = await wal.subscribe()
         assert isinstance(delivery, NatsDelivery)
         got = await delivery.fetch(10, 2.0, linger=False, max_bytes=1)
         assert [m.stream_seq for m in got] == [1]
-        assert delivery.waiting <= 1  # the server stopped at the request's bytes
-        rest = await delivery.fetch(10, 2.0, linger=False)
-        assert [m.stream_seq for m in rest] == [2, 3, 4][: len(rest)]
-        assert len(got) + len(rest) + delivery.waiting >= 2
+        assert delivery.waiting == 0  # the server stopped at the request's bytes
+        assert not delivery.pulling
+        rest = await delivery.fetch(10, 2.0, linger=False)  # no budget: all of them
+        assert [m.stream_seq for m in rest] == [2, 3, 4]
+        await delivery.close()
+    finally:
+        await wal.close()
+
+
+async def test_a_message_larger_than_a_request_allows_still_comes(
+    config: BufferedStoreConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message stored through a node with a larger `max_payload` than the one this
+    flusher talks to is larger than any request's `max_bytes`: the server answers those
+    with a 409 and delivers nothing, for ever. The request after such a 409 asks for
+    that one message without a byte limit."""
+    monkeypatch.setattr(NatsDelivery, "max_payload", property(lambda self: 1000))
+    monkeypatch.setattr(delivery_module, "MAX_BYTES_SLACK", 0)
+    wal = await NatsWal.connect(config)
+    try:
+        for i in range(3):
+            await wal.append(f"{config.stream_name}.t.x", bytes([65 + i]) * 5000)
+        delivery = await wal.subscribe()
+        assert isinstance(delivery, NatsDelivery)
+        got: list[int] = []
+        for _ in range(8):
+            got += [m.stream_seq for m in await delivery.fetch(10, 1.0, max_bytes=3000)]
+            if len(got) == 3:
+                break
+        assert got == [1, 2, 3]
+        await delivery.close()
+    finally:
+        await wal.close()
+
+
+async def test_a_batch_completed_status_leaves_the_open_request_alone(
+    config: BufferedStoreConfig,
+) -> None:
+    """The server follows the last message of a request with `max_bytes` whose batch
+    filled with ``409 Batch Completed``. Read late, after the next request went out, it
+    must not count that one as over (the flusher would then ask again, past its bytes)."""
+    wal = await NatsWal.connect(config)
+    try:
+        delivery = await wal.subscribe()
+        assert isinstance(delivery, NatsDelivery)
+        assert await delivery.fetch(10, 0.1, max_bytes=1000) == []  # a request stays open
+        assert delivery.pulling
+        status = Msg(
+            wal._nc,
+            subject="_INBOX.x",
+            headers={Header.STATUS.value: "409", Header.DESCRIPTION.value: "Batch Completed"},
+        )
+        await delivery._on_msg(status)
+        assert delivery.pulling
+        await wal.append(f"{config.stream_name}.t.x", b"m")
+        got = await delivery.fetch(10, 2.0, max_bytes=1000)
+        assert [m.data for m in got] == [b"m"]
         await delivery.close()
     finally:
         await wal.close()

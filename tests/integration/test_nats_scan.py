@@ -86,19 +86,23 @@ async def test_a_pull_nobody_heard_is_sent_again(wal_for: Callable[..., Any]) ->
         await scan._pull_all(wal._nc, stream, "never", 1, "", 0, None, 0.3, until_empty=False)
 
 
-def lagging_replica(monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+def lagging_replica(monkeypatch: pytest.MonkeyPatch, keep: int, *, scans: int = 0) -> list[int]:
     """From now on scans deliver only their first `keep` messages, as a consumer on a
-    replica that has applied no more would."""
+    replica that has applied no more would (only the first `scans` scans, 0: all).
+    Returns the first seq of every scan made."""
     real = scan._pull_all
+    starts: list[int] = []
 
     async def short(*args: Any, **kwargs: Any) -> tuple[list[Any], int]:
         found, seen = await real(*args, **kwargs)
-        if len(found) <= keep:
+        starts.append(args[3])
+        if len(found) <= keep or (scans and len(starts) > scans):
             return found, seen
         kept = found[:keep]
         return kept, (kept[-1].seq if kept else args[3] - 1)
 
     monkeypatch.setattr(scan, "_pull_all", short)
+    return starts
 
 
 @pytest.mark.parametrize("keep", [0, 3, 8])
@@ -107,7 +111,7 @@ async def test_leader_reads_complete_a_scan_from_the_leader(
 ) -> None:
     """With ``read_from="leader"``, WAL ranges, subject reads and the hot-record scan
     hold every message even when the scan's replica lags: the rest comes from leader
-    gets (one per missing message, plus one finding none)."""
+    gets (one for the leader's last message, then one per missing message)."""
     wal: NatsWal = await wal_for(read_from="leader")
     seqs = await fill(wal, "a", 8)
     await fill(wal, "b", 2)
@@ -124,6 +128,49 @@ async def test_leader_reads_complete_a_scan_from_the_leader(
     # The hot-record scan (after its first direct gets) finds every key.
     keys = [m.subject for m in await wal.hot_updates("h.", 1)]
     assert keys == [hot_key(f"k{key}") for key in range(10)]
+
+
+async def test_leader_reads_end_where_the_leader_was_when_the_scan_ended(
+    wal_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes landing while the leader completes a scan do not keep it going (a busy
+    bucket would never let it end): it stops at the leader's last message as the scan
+    ended, which holds every write acknowledged before the read began."""
+    wal: NatsWal = await wal_for(read_from="leader")
+    seqs = await fill(wal, "a", 6)
+    subject = wal_subject(wal.config.stream_name, "a")
+    lagging_replica(monkeypatch, 2)
+    real_get = wal._js.get_msg
+    written: list[int] = []
+
+    async def get_while_writing(*args: Any, **kwargs: Any) -> Any:
+        got = await real_get(*args, **kwargs)
+        last = seqs[-1] if not written else written[-1]
+        seq, _ = await wal.publish(
+            subject, b"new", msg_id=f"w{len(written)}", expected_last_subject_seq=last
+        )
+        written.append(seq)
+        return got
+
+    monkeypatch.setattr(wal._js, "get_msg", get_while_writing)
+    found = [m.seq for m in await asyncio.wait_for(wal.read_subject(subject, 1), 10)]
+    assert found == seqs  # a write per leader get, none of them chased
+    assert len(written) == 1 + len(seqs) - 2  # the leader's last message, then the rest
+
+
+async def test_a_replica_far_behind_is_scanned_again_rather_than_read_one_by_one(
+    wal_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More than `LEADER_GETS_MAX` missing (the first scan's replica far behind): a second
+    scan reads them, from where the first ended, and the leader is asked once."""
+    wal: NatsWal = await wal_for(read_from="leader")
+    seqs = await fill(wal, "a", scan.LEADER_GETS_MAX + 30)
+    starts = lagging_replica(monkeypatch, 10, scans=1)
+    requests = wal.record_requests()
+    found = [m.seq for m in await wal.read_subject(wal_subject(wal.config.stream_name, "a"), 1)]
+    assert found == seqs
+    assert starts == [1, seqs[10]]
+    assert len([s for s in requests if ".STREAM.MSG.GET." in s]) == 1, requests
 
 
 async def test_direct_reads_take_the_scan_as_it_comes(
