@@ -93,6 +93,11 @@ class ConnectionLog:
         self.failed_attempts = 0
 
 
+def max_payload(nc: Client) -> int:
+    """The largest message the connection's server takes (1 MiB until it has said)."""
+    return int(getattr(nc, "max_payload", 0) or 1024 * 1024)
+
+
 def tls_context(config: ConnectionSettings) -> ssl.SSLContext | None:
     """The TLS context the configuration asks for (None: nats-py's default, used when a
     server requires TLS or a URL says ``tls://``). `ConfigError` when a file is missing

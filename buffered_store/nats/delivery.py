@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import DEFAULT_PREFIX, Header
 
 from buffered_store.errors import StoreClosedError, WalUnavailableError
+from buffered_store.nats.connection import max_payload
 from buffered_store.nats.errors import raise_translated, translated
 from buffered_store.nats.scan import ack_fields
 
@@ -174,7 +175,8 @@ class NatsDelivery:
         up to `count` (waiting up to `timeout_s` for the server to send them), and no
         request stays open. With `max_bytes`, `count` ends sooner once the payloads
         handed out reach that many bytes (the first message always comes), and each
-        request asks the server for about the bytes still missing (`MAX_BYTES_SLACK`)."""
+        request asks the server for about the bytes still missing (never less than one
+        message of the largest size: `MAX_BYTES_SLACK`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         may_wait = linger and timeout_s >= LINGER_AFTER_S
@@ -278,7 +280,7 @@ class NatsDelivery:
     @property
     def max_payload(self) -> int:
         """The largest message the server takes (1 MiB until the connection says)."""
-        return int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
+        return max_payload(self._nc)
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}

@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from buffered_store.config import EngineConfig
+from buffered_store.nats.connection import max_payload
 from buffered_store.nats.requests import CountingConnection, ReplyInbox, until_answered
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class WalHandles:
     @property
     def max_payload(self) -> int:
         """Largest message the server accepts (1 MiB before the connection says)."""
-        return int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
+        return max_payload(self._nc)
 
     def receive_in_bulk(self) -> None:
         """Tune this connection for receiving many messages (a scan of the WAL tail): it
