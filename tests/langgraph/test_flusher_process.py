@@ -38,7 +38,8 @@ async def start_flusher(config: LangGraphConfig) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "flusher", "--front-end", "langgraph"),
-        *("--flush-interval", "0.05", "--batch-size", "16", "--stats-interval", "0"),
+        *("--flush-interval", "0.05", "--batch-size", "16", "--batch-bytes", "200000"),
+        *("--stats-interval", "0"),
         cwd=ROOT,
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
