@@ -22,6 +22,11 @@ WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code of a publish whose expected last subject sequence failed."""
 KV_WRONG_LAST = (WRONG_LAST_SEQUENCE, 10164)
 """Error codes of a KV compare-and-set that found another revision (as `KeyValue.update`)."""
+NO_RESPONDERS_FIRST_WAIT_S = 0.005
+NO_RESPONDERS_MAX_WAIT_S = 0.1
+"""A request nobody received (a stream, bucket or scan consumer the node talked to has not
+learnt of yet) is sent again after these waits, doubling, within the call's budget: by
+`requests.until_answered` and by a scan's pull requests alike."""
 NO_PEERS = 10005
 """JetStream's error code of a stream or consumer it cannot place: fewer servers of the
 cluster up (or known to the meta leader) than the replicas asked for."""

@@ -22,12 +22,9 @@ from nats.aio.msg import Msg
 from nats.js.api import Header
 
 from buffered_store.backoff import Backoff
+from buffered_store.nats.errors import NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S
 from buffered_store.timers import EXPIRY_SLACK_S as EXPIRY_SLACK_S
 from buffered_store.timers import SharedTimer
-
-NO_RESPONDERS_FIRST_WAIT_S = 0.005
-NO_RESPONDERS_MAX_WAIT_S = 0.1
-"""A request that found nobody listening is sent again after these waits (doubling)."""
 
 
 async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import re
-import time
 from collections.abc import Awaitable
 from typing import Any
 
 import nats.errors
 import nats.js.errors as jse
 import orjson
-from nats.aio.client import Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DEFAULT_PREFIX, AckPolicy, ConsumerConfig, DeliverPolicy, Header
@@ -24,18 +22,12 @@ from nats.js.api import DEFAULT_PREFIX, AckPolicy, ConsumerConfig, DeliverPolicy
 from buffered_store.backoff import Backoff
 from buffered_store.engine.ports import StoredMsg
 from buffered_store.errors import WalUnavailableError
+from buffered_store.nats.errors import NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S
 
 SCAN_BATCH = 2048
 """Messages per pull request of a scan's consumer."""
 _NOTHING_MORE = frozenset({"404", "408"})
 """Statuses that end a `no_wait` pull request normally: no message (left) to deliver."""
-_NO_RESPONDERS = "503"
-"""Nobody received a pull request. In a cluster, right after a consumer is made, the
-server this client talks to may not know yet where the consumer lives (measured on a
-three-node cluster: 2 to 4% of scans through a follower); the request is sent again."""
-PULL_RETRY = Backoff(0.002, 0.1)
-"""Waits before a pull request nobody received is sent again (within the scan's
-`timeout_s`, counted from the first refusal)."""
 SCAN_CONSUMER_IDLE_S = 30.0
 """The server deletes a scan's consumer left behind (its scanner died) after this long."""
 LEADER_GETS_MAX = 64
@@ -230,8 +222,12 @@ async def _pull_all(
         headers = msg.headers or {}
         status = headers.get(Header.STATUS.value)
         if status:
-            if status == _NO_RESPONDERS and not received:
-                unheard = True  # not delivered: the same request goes again
+            if status == NO_RESPONDERS_STATUS and not received:
+                # Nobody received it: on a cluster, right after a consumer is made, the
+                # node this client talks to may not know yet where it lives (2 to 4% of
+                # scans through a follower). The same request goes again, after the
+                # waits of any request nobody received (`NO_RESPONDERS_FIRST_WAIT_S`).
+                unheard = True
             else:
                 if status not in _NOTHING_MORE:  # e.g. 409: the consumer went away
                     refused = f"{status} {headers.get(Header.DESCRIPTION.value, '')}"
@@ -259,7 +255,8 @@ async def _pull_all(
     wanted = 0
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
-    retry = dataclasses.replace(PULL_RETRY, budget_s=timeout_s)
+    loop = asyncio.get_running_loop()
+    retry = Backoff(NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S, budget_s=timeout_s)
     try:
         while not done:
             # Never ask for more than the range holds: no batch overshoots it.
@@ -276,9 +273,11 @@ async def _pull_all(
                     break  # the last pending ones were superseded meanwhile
                 # A slow batch: ask again for what is still missing.
             if unheard:
-                wait = retry.next_wait(time.monotonic())
+                wait = retry.next_wait(loop.time())
                 if wait is None:
-                    refused = f"{_NO_RESPONDERS} no responders for {consumer} within {timeout_s} s"
+                    refused = (
+                        f"{NO_RESPONDERS_STATUS} no responders for {consumer} within {timeout_s} s"
+                    )
                     break
                 await asyncio.sleep(wait)
     finally:
