@@ -51,6 +51,7 @@ from langgraph.checkpoint.base import ChannelVersions, Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from nats.js.errors import NotFoundError
 
+from buffered_store.config import EngineConfig
 from buffered_store.dev.services import NatsServer
 from buffered_store.langgraph import BufferedCheckpointSaver
 from buffered_store.langgraph.config import LangGraphConfig
@@ -189,7 +190,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         stats = saver.stats()
     finally:
         await saver.close()
-        await _delete_objects(url, config)
+        await delete_objects(url, config)
     latencies.sort()
     steps = len(latencies)
     return {
@@ -270,7 +271,8 @@ async def publish_floor(
     return figures
 
 
-async def _delete_objects(url: str, config: LangGraphConfig) -> None:
+async def delete_objects(url: str, config: EngineConfig) -> None:
+    """Delete the WAL stream and the buckets `config` names (a probe's own)."""
     import nats
 
     nc = await nats.connect(url)

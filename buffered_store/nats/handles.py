@@ -43,7 +43,8 @@ class WalHandles:
         creates is tagged with it, and a stream tagged for another is refused."""
         self.stream_front_end: str | None = None
         """The front-end the stream's metadata names, once opened (None: untagged)."""
-        self._counting = CountingConnection(nc, config.request_timeout_s)
+        self._replies = ReplyInbox(nc)
+        self._counting = CountingConnection(nc, config.request_timeout_s, self._replies)
         # nats-py types the context's connection as its client; the counting view
         # answers every attribute the context uses.
         self._js = JetStreamContext(cast(Client, self._counting), timeout=config.request_timeout_s)
@@ -59,7 +60,6 @@ class WalHandles:
         self._hot_prefix = f"$KV.{config.hot_bucket}."
         """Subject prefix of the hot bucket's keys (no JetStream domain is used)."""
         self._quarantine: NatsBucket | None = None
-        self._replies = ReplyInbox(nc)
 
     @property
     def requests(self) -> int:

@@ -5,8 +5,9 @@ every request it sends.
 Every JetStream call nats-py makes (stream and consumer management, direct gets, KV
 reads and writes) is one `request` on the connection its context was given. `NatsWal`
 gives it a `CountingConnection` rather than the client: it counts and records those
-requests and sends again one nobody listened to (`until_answered`, where `may_appear`),
-and leaves the client itself untouched.
+requests, sends each through the write path's reply inbox (not nats-py's own request
+path, whose replies wait for a task of their own), sends again one nobody listened to
+(`until_answered`, where `may_appear`), and leaves the client itself untouched.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class ReplyInbox:
         self._subscribed: asyncio.Future[Any] | None = None
 
     async def request(
-        self, subject: str, payload: bytes, headers: dict[str, str], *, timeout_s: float
+        self, subject: str, payload: bytes, headers: dict[str, str] | None, *, timeout_s: float
     ) -> Msg:
         """The reply to one request; nats-py's errors on failure (`TimeoutError` and
         `NoRespondersError` included), as `Client.request` raises them."""
@@ -154,12 +155,21 @@ class Dispatch(asyncio.Future[Msg]):
 
 class CountingConnection:
     """The client as nats-py's JetStream context sees it: `request` counts (and, when
-    asked, records) each request and sends again one nobody listened to; everything
-    else is the client's own attribute."""
+    asked, records) each request, sends it through `replies` and sends again one nobody
+    listened to; everything else is the client's own attribute.
 
-    def __init__(self, nc: Client, default_timeout_s: float) -> None:
+    Through `replies` rather than `Client.request`: nats-py hands a reply to its
+    requests' subscription callback, a task of its own, and the caller waits in
+    `asyncio.wait_for`, two more turns of the loop behind every ready task of a busy
+    process. In the `langgraph` scenario a run's first read (two direct gets beside a
+    Postgres read) took 12.7 ms at p50 that way while the write path's requests, on the
+    inbox, took 2.5 (docs/benchmarks.md, *Stop 45*).
+    """
+
+    def __init__(self, nc: Client, default_timeout_s: float, replies: ReplyInbox) -> None:
         self._nc = nc
         self._default_timeout_s = default_timeout_s
+        self._replies = replies
         self.requests = 0
         """Requests sent so far (each is one round trip): through this connection, and
         those the write path's reply inbox adds."""
@@ -176,13 +186,16 @@ class CountingConnection:
         may appear; all within the call's timeout (default: the configured one)."""
         # The flusher's pull fetches are publishes, not requests: neither counted here
         # nor sent again.
-        nc = self._nc
+        replies = self._replies
+        # `Client.request`'s arguments, as nats-py's JetStream context passes them.
+        payload: bytes = args[0] if args else kwargs.get("payload", b"")
+        headers: dict[str, str] | None = kwargs.get("headers")
 
         async def send(timeout_s: float) -> Msg:
             self.requests += 1
             if self.recorded is not None:
                 self.recorded.append(subject)
-            return await nc.request(subject, *args, **{**kwargs, "timeout": timeout_s})
+            return await replies.request(subject, payload, headers, timeout_s=timeout_s)
 
         budget_s = kwargs.get("timeout") or self._default_timeout_s
         if not may_appear(subject):

@@ -30,9 +30,10 @@ def late_deliveries(wal: NatsWal) -> Iterator[list[bytes]]:
     each request `SEND_LATE_S` late: what a busy event loop does to a callback's task and
     to a request following a subscription. Yields the subjects held back."""
     nc: Any = wal._nc
+    replies: Any = wal._replies  # every request of the WAL goes through its reply inbox
     original: Callable[..., Awaitable[None]] = nc._process_msg
-    send: Callable[..., Awaitable[Any]] = nc.request
-    answers = bytes(nc._resp_sub_prefix)
+    send: Callable[..., Awaitable[Any]] = replies.request
+    answers = replies._prefix.encode()
     held: list[bytes] = []
     queue: asyncio.Queue[tuple[float, tuple[Any, ...]]] = asyncio.Queue()
     loop = asyncio.get_running_loop()
@@ -55,11 +56,12 @@ def late_deliveries(wal: NatsWal) -> Iterator[list[bytes]]:
         return await send(*args, **kwargs)
 
     worker = loop.create_task(deliver_late())
-    nc._process_msg, nc.request = process, request
+    nc._process_msg, replies.request = process, request
     try:
         yield held
     finally:
-        nc._process_msg, nc.request = original, send
+        nc._process_msg = original
+        del replies.request  # the class's own again
         worker.cancel()
 
 
