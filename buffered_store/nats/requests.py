@@ -161,9 +161,8 @@ class CountingConnection:
     Through `replies` rather than `Client.request`: nats-py hands a reply to its
     requests' subscription callback, a task of its own, and the caller waits in
     `asyncio.wait_for`, two more turns of the loop behind every ready task of a busy
-    process. In the `langgraph` scenario a run's first read (two direct gets beside a
-    Postgres read) took 12.7 ms at p50 that way while the write path's requests, on the
-    inbox, took 2.5 (docs/benchmarks.md, *Stop 45*).
+    process. A read of a hot record costs about 30% less client CPU and a third less
+    wall time this way (`benchmarks.profile_reads`; docs/benchmarks.md, *Stop 45*).
     """
 
     def __init__(self, nc: Client, default_timeout_s: float, replies: ReplyInbox) -> None:
