@@ -179,3 +179,13 @@ class WalMonitor:
         """Close the connection."""
         with contextlib.suppress(Exception):
             await self.nc.close()
+
+
+async def delete_wal_objects(config: WriterConfig) -> None:
+    """Remove the stream and buckets `config` names (best effort), on a connection of its
+    own: what a probe made for its run."""
+    monitor = await WalMonitor.connect(config)
+    try:
+        await monitor.delete_objects()
+    finally:
+        await monitor.close()

@@ -49,9 +49,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint
 from langgraph.checkpoint.base.id import uuid6
-from nats.js.errors import NotFoundError
 
-from buffered_store.config import EngineConfig
 from buffered_store.dev.services import NatsServer
 from buffered_store.langgraph import BufferedCheckpointSaver
 from buffered_store.langgraph.config import LangGraphConfig
@@ -60,6 +58,7 @@ from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.nats import NatsWal
 
 from .measure import runqueue_wait_s
+from .processes import delete_wal_objects
 from .step_timeline import marking, stage_times
 
 FILLER = "x" * 180
@@ -190,7 +189,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         stats = saver.stats()
     finally:
         await saver.close()
-        await delete_objects(url, config)
+        await delete_wal_objects(config)
     latencies.sort()
     steps = len(latencies)
     return {
@@ -269,24 +268,6 @@ async def publish_floor(
     if waited is not None and waited_after is not None:
         figures["floor_wait_us"] = round(1e6 * (waited_after - waited) / count, 1)
     return figures
-
-
-async def delete_objects(url: str, config: EngineConfig) -> None:
-    """Delete the WAL stream and the buckets `config` names (a probe's own)."""
-    import nats
-
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        for stream in (
-            config.stream_name,
-            f"KV_{config.hot_bucket}",
-            f"KV_{config.quarantine_bucket}",
-        ):
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream(stream)
-    finally:
-        await nc.close()
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,10 +26,10 @@ import uuid
 from typing import Any
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import NatsServer
+from buffered_store.dev.services import start_services
 from buffered_store.nats import NatsWal
 
-from .profile_langgraph import delete_objects
+from .processes import delete_wal_objects
 
 
 async def read_case(wal: NatsWal, keys: list[str], gets: int, concurrency: int) -> dict[str, Any]:
@@ -81,22 +81,17 @@ async def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         return cases
     finally:
         await wal.close()
-        await delete_objects(url, config)
+        await delete_wal_objects(config)
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One run on $NATS_URL (else a nats-server of its own); its cases."""
-    url = args.nats_url or os.environ.get("NATS_URL")
-    server = None
-    if url is None:
-        server = NatsServer()
-        server.start()
-        url = server.url
+    """One run on `--nats-url` or $NATS_URL (else a nats-server of its own); its cases."""
+    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
+    services = start_services(postgres=False, env=env)
     try:
-        return await measure(url, args)
+        return await measure(services.nats_url, args)
     finally:
-        if server is not None:
-            server.close()
+        services.close()
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
