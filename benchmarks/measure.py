@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import time
@@ -354,11 +355,51 @@ class CpuMeter:
         out["total"] = sum(out.values())
         out["machine_busy"] = machine_busy_s()
         out.update(waits)
+        me = os.getpid()
+        for name, get_pid in self._pids.items():
+            if get_pid() == me:
+                out[IN_GC + name] = gc_seconds()
         return out
 
 
 WAITED = "runqueue_wait:"
 """Prefix of `CpuMeter.sample`'s keys that hold a process's run-queue wait, not its CPU."""
+IN_GC = "gc:"
+"""Prefix of `CpuMeter.sample`'s keys that hold the seconds this process (the one name
+whose pid is the harness's own) spent in its garbage collector: part of its CPU, so not
+added to the total."""
+
+
+class _GcClock:
+    """A `gc.callbacks` hook adding up the time of every collection."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections += 1
+
+
+_gc_clock: _GcClock | None = None
+
+
+def gc_seconds() -> float:
+    """Seconds this process spent in collections of its garbage collector since the first
+    call (which installs the hook). A collection runs on the thread that triggered it,
+    holding the GIL, so its wall time is this process's CPU (page faults aside). The
+    writers' histories live in the harness's heap, and each full collection walks all of
+    them: on every side alike, raw loop included."""
+    global _gc_clock
+    if _gc_clock is None:
+        _gc_clock = _GcClock()
+        gc.callbacks.append(_gc_clock)
+    return _gc_clock.seconds
 
 
 def runqueue_wait_s(pid: int, *, children: bool = False) -> float | None:
@@ -412,16 +453,22 @@ def cpu_delta(
     before: dict[str, float], after: dict[str, float], checkpoints: int
 ) -> dict[str, Any]:
     """CPU seconds per process over a side's run, and per 1,000 checkpoints; beside them
-    each process's run-queue wait over the run (`runqueue_wait_s`, Linux only)."""
+    each process's run-queue wait over the run (`runqueue_wait_s`, Linux only) and the
+    harness's time in its garbage collector (`gc_seconds`, part of its CPU)."""
     waited = {
         name[len(WAITED) :]: round(max(0.0, after[name] - before.get(name, after[name])), 3)
         for name in after
         if name.startswith(WAITED)
     }
+    in_gc = {
+        name[len(IN_GC) :]: round(max(0.0, after[name] - before.get(name, after[name])), 3)
+        for name in after
+        if name.startswith(IN_GC)
+    }
     seconds = {
         name: round(after[name] - before.get(name, 0.0), 3)
         for name in after
-        if not name.startswith(WAITED)
+        if not name.startswith((WAITED, IN_GC))
     }
     # Everything else the machine ran meanwhile (other users' jobs): a disturbance figure.
     seconds["other_processes"] = round(seconds.pop("machine_busy") - seconds["total"], 3)
@@ -433,4 +480,9 @@ def cpu_delta(
         "seconds": seconds,
         "seconds_per_1k_checkpoints": per_k,
         "runqueue_wait_seconds": waited,
+        "gc_seconds": in_gc,
+        "gc_seconds_per_1k_checkpoints": {
+            name: round(value * 1000 / checkpoints, 4) if checkpoints else None
+            for name, value in in_gc.items()
+        },
     }

@@ -95,6 +95,11 @@ SIDE_ROWS: list[Row] = [
         "s",
     ),
     ("  this process (writers)", at("cpu", "seconds_per_1k_checkpoints", "harness"), "s"),
+    (
+        "    of it, its garbage collector",
+        at("cpu", "gc_seconds_per_1k_checkpoints", "harness"),
+        "s",
+    ),
     ("  flusher process", at("cpu", "seconds_per_1k_checkpoints", "flusher"), "s"),
     ("  nats-server", at("cpu", "seconds_per_1k_checkpoints", "nats_server"), "s"),
     ("  postgres", at("cpu", "seconds_per_1k_checkpoints", "postgres"), "s"),

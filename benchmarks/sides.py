@@ -409,7 +409,9 @@ async def measure_phase(
         "machine's busy CPU time (psutil.cpu_times) minus all of these: load from outside "
         "the benchmark, which disturbs its figures. runqueue_wait_seconds: per process, "
         "the seconds its threads (Postgres: with its live backends) were runnable but "
-        "waited for a core over the run (Linux schedstat): contention for the two cores"
+        "waited for a core over the run (Linux schedstat): contention for the two cores. "
+        "gc_seconds: of this process's CPU, the time in its garbage collector "
+        "(gc.callbacks), which walks the workload's histories as well as the store's objects"
     )
     pg_after, settled_after = seeded.snapshot = await counters.settled()
     if profiler is not None:

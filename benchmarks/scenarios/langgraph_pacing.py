@@ -161,7 +161,9 @@ def phase_cpu(
     flusher process's own report) joins the total; the processes in `outside_total` (the
     delaying proxy: it stands for a network, not for work of a side) are reported but
     not counted in it, nor among the machine's other processes. `runqueue_wait_seconds`:
-    each process's wait for a core over the phase (`flusher_wait_s`: the flusher's)."""
+    each process's wait for a core over the phase (`flusher_wait_s`: the flusher's);
+    `gc_ms_per_step`: the graphs' process's time in its garbage collector, per step (part
+    of its CPU)."""
     cpu = cpu_delta(before, after, steps)
     seconds: dict[str, float] = cpu["seconds"]
     for name in outside_total:
@@ -181,4 +183,8 @@ def phase_cpu(
         "ms_per_step": per_step,
         "outside_total": list(outside_total),
         "runqueue_wait_seconds": waited,
+        "gc_ms_per_step": {
+            name: round(value * 1000 / steps, 4) if steps else None
+            for name, value in cpu["gc_seconds"].items()
+        },
     }

@@ -63,6 +63,7 @@ def rows() -> list[Row]:
         ("think time per step mean ms", at("think_ms", "mean"), "ms"),
         ("CPU ms / step, all processes", at(*ms, "total"), "ratio"),
         ("  this process (graphs)", at(*ms, "harness"), "ratio"),
+        ("    of it, its garbage collector", at("cpu", "gc_ms_per_step", "harness"), "ratio"),
         ("  postgres", at(*ms, "postgres"), "ratio"),
         ("  nats-server", at(*ms, "nats_server"), "ratio"),
         ("  flusher process", at(*ms, "flusher"), "ratio"),

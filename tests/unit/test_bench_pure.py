@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from benchmarks.flush import backlog_figures, troughs
     from benchmarks.harness import Bench, Options
     from benchmarks.measure import (
+        IN_GC,
         WAITED,
+        CpuMeter,
         Laps,
         LatencyLog,
         Timeline,
@@ -57,7 +59,9 @@ else:
     from buffered_store.benchmarks.flush import backlog_figures, troughs
     from buffered_store.benchmarks.harness import Bench, Options
     from buffered_store.benchmarks.measure import (
+        IN_GC,
         WAITED,
+        CpuMeter,
         Laps,
         LatencyLog,
         Timeline,
@@ -496,6 +500,10 @@ def test_phase_cpu_adds_the_flusher_and_leaves_the_proxy_out_of_the_total() -> N
     assert cpu["ms_per_step"]["total"] == pytest.approx(3.5)
     assert cpu["ms_per_step"]["flusher"] == pytest.approx(0.5)
     assert phase_cpu(before, after, 0)["ms_per_step"]["total"] is None
+    before[IN_GC + "harness"], after[IN_GC + "harness"] = 0.1, 0.35
+    cpu = phase_cpu(before, after, 1000, flusher_s=0.5, outside_total=("proxy",))
+    assert cpu["gc_ms_per_step"] == {"harness": pytest.approx(0.25)}
+    assert cpu["seconds"]["total"] == pytest.approx(3.5)  # within the graphs' CPU
 
 
 def lg_phase(
@@ -693,3 +701,31 @@ def test_two_busy_processes_on_one_core_each_wait_for_it() -> None:
     assert max(waits) > 0.1
     assert runqueue_wait_s(os.getpid()) is not None
     assert runqueue_wait_s(2**22 + 12345) is None
+
+
+def test_cpu_deltas_report_the_harnesss_garbage_collection_apart_from_the_total() -> None:
+    before = {"harness": 1.0, "total": 1.0, "machine_busy": 5.0, IN_GC + "harness": 0.2}
+    after = {"harness": 3.0, "total": 3.0, "machine_busy": 7.5, IN_GC + "harness": 0.7}
+    cpu = cpu_delta(before, after, 500)
+    # Part of the harness's CPU, so neither a process of its own nor added to the total.
+    assert cpu["seconds"] == {"harness": 2.0, "total": 2.0, "other_processes": 0.5}
+    assert cpu["gc_seconds"] == {"harness": 0.5}
+    assert cpu["gc_seconds_per_1k_checkpoints"] == {"harness": 1.0}
+
+
+def test_the_cpu_meter_times_this_processs_collections_under_its_own_name() -> None:
+    import gc
+
+    meter = CpuMeter({"harness": os.getpid, "elsewhere": lambda: None})
+    before = meter.sample()
+    garbage = []
+    for _ in range(20_000):
+        cycle: list[object] = []
+        cycle.append(cycle)  # reclaimable only by the collector
+        garbage.append(cycle)
+    del garbage, cycle
+    assert gc.collect() > 0
+    after = meter.sample()
+    assert IN_GC + "elsewhere" not in after
+    assert after[IN_GC + "harness"] > before[IN_GC + "harness"]
+    assert cpu_delta(before, after, 1)["gc_seconds"]["harness"] >= 0.0
