@@ -335,16 +335,19 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float]:
         """Cumulative CPU seconds per name, and `total`; each name's run-queue wait under
-        `WAITED + name` (not in the total)."""
+        `WAITED + name` and, for this process, its time in the garbage collector under
+        `IN_GC + name` (neither in the total)."""
         out: dict[str, float] = {}
-        waits: dict[str, float] = {}
+        apart: dict[str, float] = {}
         for name, get_pid in self._pids.items():
             pid = get_pid()
             children = name in self._with_children
             value = _process_cpu(pid, children=children) if pid else None
             waited = runqueue_wait_s(pid, children=children) if pid else None
             if waited is not None:
-                waits[WAITED + name] = waited
+                apart[WAITED + name] = waited
+            if pid == os.getpid():
+                apart[IN_GC + name] = gc_seconds()
             last = self._last.get(name)
             if last is not None and (pid != last[0] or value is None):
                 self._base[name] += last[1]
@@ -354,11 +357,7 @@ class CpuMeter:
             out[name] = self._base[name] + (value if value is not None and pid else 0.0)
         out["total"] = sum(out.values())
         out["machine_busy"] = machine_busy_s()
-        out.update(waits)
-        me = os.getpid()
-        for name, get_pid in self._pids.items():
-            if get_pid() == me:
-                out[IN_GC + name] = gc_seconds()
+        out.update(apart)
         return out
 
 
@@ -375,7 +374,6 @@ class _GcClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.collections = 0
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
@@ -383,7 +381,6 @@ class _GcClock:
             self._started = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._started
-            self.collections += 1
 
 
 _gc_clock: _GcClock | None = None
