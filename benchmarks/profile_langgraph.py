@@ -50,7 +50,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 
-from buffered_store.dev.services import NatsServer
+from buffered_store.dev.services import start_services
 from buffered_store.langgraph import BufferedCheckpointSaver
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.memory_sink import MemoryLangGraphSink
@@ -271,13 +271,10 @@ async def publish_floor(
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    """One run on $NATS_URL (else a nats-server of its own); its figures."""
-    url = args.nats_url or os.environ.get("NATS_URL")
-    server = None
-    if url is None:
-        server = NatsServer()
-        server.start()
-        url = server.url
+    """One run on `--nats-url` or $NATS_URL (else a nats-server of its own); its figures."""
+    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
+    services = start_services(postgres=False, env=env)
+    url = services.nats_url
     try:
         floor = {}
         if args.floor:
@@ -286,8 +283,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
         return {**await measure(url, args), **floor}
     finally:
-        if server is not None:
-            server.close()
+        services.close()
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

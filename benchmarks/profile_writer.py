@@ -40,7 +40,7 @@ import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import NatsServer
+from buffered_store.dev.services import start_services
 from buffered_store.model.records import Message, RunRecord
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
@@ -265,12 +265,9 @@ async def raw_case(
 
 async def main(args: argparse.Namespace) -> list[Case]:
     """Every case, one table row each; the cases."""
-    url = args.nats_url or os.environ.get("NATS_URL")
-    server = None
-    if url is None:
-        server = NatsServer()
-        server.start()
-        url = server.url
+    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
+    services = start_services(postgres=False, env=env)
+    url = services.nats_url
     profiler = cProfile.Profile() if args.profile else None
     cases: list[Case] = []
     try:
@@ -296,8 +293,7 @@ async def main(args: argparse.Namespace) -> list[Case]:
                     if round_ >= 0:
                         cases += measured
     finally:
-        if server is not None:
-            server.close()
+        services.close()
     if args.rounds > 1:
         _print_medians(cases)
     if profiler is not None:
