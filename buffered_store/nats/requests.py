@@ -162,7 +162,7 @@ class CountingConnection:
     requests' subscription callback, a task of its own, and the caller waits in
     `asyncio.wait_for`, two more turns of the loop behind every ready task of a busy
     process. A read of a hot record costs about 30% less client CPU and a third less
-    wall time this way (`benchmarks.profile_reads`; docs/benchmarks.md, *Stop 45*).
+    wall time this way (`benchmarks.profile_reads`; docs/benchmarks/history.md, *Stop 45*).
     """
 
     def __init__(self, nc: Client, default_timeout_s: float, replies: ReplyInbox) -> None:

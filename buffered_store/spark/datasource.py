@@ -406,7 +406,7 @@ def gc_paused() -> Iterator[None]:
     them all the same. With the collector on, those allocations set off collections
     that walk every object the process holds, again and again; in a process that holds
     many (a Spark driver, a notebook, the benchmark harness) decoding a 10,000-entry tail
-    took 0.33 to 0.48 s instead of 0.17 to 0.19 s (docs/benchmarks.md). Reads that
+    took 0.33 to 0.48 s instead of 0.17 to 0.19 s (docs/benchmarks/history.md). Reads that
     overlap (threads, nesting) keep it off until the last one ends; a collector that was
     off when the first began stays off.
     """
