@@ -128,13 +128,14 @@ for _name in MODULES:
 def summary(folders: tuple[Path, ...]) -> None:
     """Print one Markdown table of the targets judged by several result folders, each
     row's figure followed by its folder's name (two runs of one scenario, e.g. with
-    and without ``--api append``, stay apart)."""
+    and without ``--api append``, stay apart), then how many were met and missed."""
     rows: list[dict[str, Any]] = []
     for folder in folders:
         data = json.loads((folder / "results.json").read_text())
         for t in data.get("targets", []):
             rows.append({**t, "figure": f"{t['figure']} [`{folder.resolve().name}`]"})
     click.echo(report.targets_table(rows))
+    click.echo(f"\n{report.target_counts(rows)}")
 
 
 def _command_line() -> str:

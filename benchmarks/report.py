@@ -158,6 +158,18 @@ def targets_table(targets: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def target_counts(targets: Sequence[dict[str, Any]]) -> str:
+    """How many figures `targets_table` shows and how they were judged, in words: a
+    count of the table's rows that no reader has to make (its header ends in ``met``)."""
+    met = sum(1 for t in targets if t.get("met") is True)
+    missed = sum(1 for t in targets if t.get("met") is False)
+    unjudged = len(targets) - met - missed
+    return (
+        f"{len(targets)} figures, {met + missed} judged: {met} met, {missed} missed"
+        f" ({unjudged} reported without a target)."
+    )
+
+
 def unavailable_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
     """'figure: reason' for figures a side cannot measure."""
     out = []

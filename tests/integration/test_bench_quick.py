@@ -347,3 +347,11 @@ def test_summary_collects_the_targets_of_several_runs(tmp_path: Path) -> None:
     assert "| figure | target | measured | ratio | met |" in done.stdout
     # Each row names its results folder, which tells apart two runs of one scenario.
     assert f"{data['targets'][0]['figure']} [`ff`]" in done.stdout
+    # Then the count of what the table holds, so nobody counts its lines by hand.
+    judged = [t for t in data["targets"] if t.get("met") is not None]
+    met = sum(1 for t in judged if t["met"])
+    assert done.stdout.rstrip().endswith(
+        f"{len(data['targets'])} figures, {len(judged)} judged: {met} met, "
+        f"{len(judged) - met} missed ({len(data['targets']) - len(judged)} reported "
+        "without a target)."
+    )

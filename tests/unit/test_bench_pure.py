@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         runqueue_wait_s,
         wait_or_stop,
     )
-    from benchmarks.report import speed_line
+    from benchmarks.report import speed_line, target_counts, targets_table
     from benchmarks.scenarios.common import backlog_growing, backlog_trend
     from benchmarks.scenarios.curve import maximum
     from benchmarks.scenarios.langgraph_pacing import (
@@ -69,7 +69,7 @@ else:
         runqueue_wait_s,
         wait_or_stop,
     )
-    from buffered_store.benchmarks.report import speed_line
+    from buffered_store.benchmarks.report import speed_line, target_counts, targets_table
     from buffered_store.benchmarks.scenarios.common import backlog_growing, backlog_trend
     from buffered_store.benchmarks.scenarios.curve import maximum
     from buffered_store.benchmarks.scenarios.langgraph_pacing import (
@@ -661,6 +661,22 @@ def test_the_report_gives_the_machines_speed_at_both_ends_of_the_run() -> None:
     assert "took 0.142 s at the start, 0.480 s at the end" in line
     assert "cost 89 and 198 µs of CPU" in line
     assert speed_line(None) == "Machine speed: not measured (a run older than the probe)."
+
+
+def test_the_summary_counts_its_figures_not_its_header() -> None:
+    targets = [
+        {"figure": f"f{i}", "target": "t", "measured": "m", "ratio": 1.0, "met": met}
+        for i, met in enumerate([True, True, False, None, True])
+    ]
+    # The table's header ends in "met": a count of lines holding "| met |" is one too many.
+    table = targets_table(targets)
+    assert table.count("| met |") == 4
+    assert target_counts(targets) == (
+        "5 figures, 4 judged: 3 met, 1 missed (1 reported without a target)."
+    )
+    assert (
+        target_counts([]) == "0 figures, 0 judged: 0 met, 0 missed (0 reported without a target)."
+    )
 
 
 def test_cpu_deltas_keep_each_processs_wait_for_a_core_apart_from_its_cpu() -> None:
