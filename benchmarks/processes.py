@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from buffered_store.config import WriterConfig
+from buffered_store.dev.services import Services, start_services
 
 from . import PACKAGE
 
@@ -189,3 +190,10 @@ async def delete_wal_objects(config: WriterConfig) -> None:
         await monitor.delete_objects()
     finally:
         await monitor.close()
+
+
+def probe_nats(nats_url: str | None) -> Services:
+    """The NATS a probe runs on: `nats_url` (its ``--nats-url``), else $NATS_URL, else a
+    nats-server of its own (or a container, as `start_services` decides); close it after."""
+    env = {**os.environ, "NATS_URL": nats_url} if nats_url else None
+    return start_services(postgres=False, env=env)

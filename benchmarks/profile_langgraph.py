@@ -50,7 +50,6 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 
-from buffered_store.dev.services import start_services
 from buffered_store.langgraph import BufferedCheckpointSaver
 from buffered_store.langgraph.config import LangGraphConfig
 from buffered_store.langgraph.memory_sink import MemoryLangGraphSink
@@ -58,7 +57,7 @@ from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.nats import NatsWal
 
 from .measure import runqueue_wait_s
-from .processes import delete_wal_objects
+from .processes import delete_wal_objects, probe_nats
 from .step_timeline import marking, stage_times
 
 FILLER = "x" * 180
@@ -272,8 +271,7 @@ async def publish_floor(
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     """One run on `--nats-url` or $NATS_URL (else a nats-server of its own); its figures."""
-    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
-    services = start_services(postgres=False, env=env)
+    services = probe_nats(args.nats_url)
     url = services.nats_url
     try:
         floor = {}

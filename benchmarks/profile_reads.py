@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 import uuid
 from typing import Any
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import start_services
 from buffered_store.nats import NatsWal
 
-from .processes import delete_wal_objects
+from .processes import delete_wal_objects, probe_nats
 
 
 async def read_case(wal: NatsWal, keys: list[str], gets: int, concurrency: int) -> dict[str, Any]:
@@ -86,8 +84,7 @@ async def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One run on `--nats-url` or $NATS_URL (else a nats-server of its own); its cases."""
-    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
-    services = start_services(postgres=False, env=env)
+    services = probe_nats(args.nats_url)
     try:
         return await measure(services.nats_url, args)
     finally:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import cProfile
 import json
-import os
 import statistics
 import time
 import uuid
@@ -40,12 +39,11 @@ import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from buffered_store.config import BufferedStoreConfig
-from buffered_store.dev.services import start_services
 from buffered_store.model.records import Message, RunRecord
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.threadrun.store import BufferedThreadRunStore
 
-from .processes import WalMonitor
+from .processes import WalMonitor, probe_nats
 from .workload import message
 
 
@@ -265,8 +263,7 @@ async def raw_case(
 
 async def main(args: argparse.Namespace) -> list[Case]:
     """Every case, one table row each; the cases."""
-    env = {**os.environ, "NATS_URL": args.nats_url} if args.nats_url else None
-    services = start_services(postgres=False, env=env)
+    services = probe_nats(args.nats_url)
     url = services.nats_url
     profiler = cProfile.Profile() if args.profile else None
     cases: list[Case] = []

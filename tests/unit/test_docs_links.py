@@ -4,6 +4,7 @@ into anchors)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+"""A link or an image: the target is checked alike."""
 FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
@@ -39,6 +41,7 @@ def prose(page: Path) -> list[str]:
     return lines
 
 
+@functools.cache
 def anchors(page: Path) -> set[str]:
     """The anchors of a page's headings (a repeated heading gets ``-1``, ``-2``...)."""
     seen: dict[str, int] = {}
@@ -60,7 +63,7 @@ def links(page: Path) -> list[str]:
     for line in prose(page):
         line = re.sub(r"`[^`]*`", "", line)  # code spans hold no links
         for match in LINK.finditer(line):
-            target = match.group(1) or match.group(2)
+            target = match.group(1)
             if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
                 out.append(target)
     return out
