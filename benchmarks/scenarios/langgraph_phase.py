@@ -29,6 +29,7 @@ from ..measure import (
 from ..sides import flusher_waited
 from .common import backlog_growing, backlog_trend
 from .langgraph_graph import Shape, Thinker, build_graph, drive, thread_id
+from .langgraph_onetrip import OnePublishSaver, one_publish_figures
 from .langgraph_pacing import StepLog, phase_cpu, thread_slots
 from .langgraph_report import read_threads
 from .langgraph_sides import OpenSaver, Side, cpu_sources, open_saver, phase_label
@@ -132,6 +133,8 @@ async def run_phase(
         figures["unavailable"]["pg"] = "InMemorySaver writes nothing to Postgres"
     if side.key == "buffered":
         figures.update(buffered_figures(flush, opened.flusher_final, flusher_s, timeline, figures))
+    elif isinstance(opened.saver, OnePublishSaver):
+        figures["one_publish"] = one_publish_figures(opened.saver, steps)
     else:
         figures["unavailable"]["nats"] = f"{side.label} makes no NATS requests"
     offered, achieved = shape.rate_per_s, figures["throughput_per_s"]

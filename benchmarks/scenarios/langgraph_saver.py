@@ -1,10 +1,11 @@
-"""`langgraph`: M threads each run a LangGraph graph of N steps R times in turn, on three
-checkpointers: LangGraph's `InMemorySaver` (no I/O: the floor), its `AsyncPostgresSaver`
-and `BufferedCheckpointSaver` with its flusher process. First each side closed loop (the
-AsyncPostgresSaver's rate is its maximum), then each side paced at 25%, 50% and 90% of
-that maximum by a think time inside the node: step latency without the think time,
-achieved rate, CPU per step of all processes, and the targets of issue 23 judged side by
-side. `--db-delay-ms D` puts Postgres behind a link adding D ms of round trip;
+"""`langgraph`: M threads each run a LangGraph graph of N steps R times in turn, on four
+checkpointers: LangGraph's `InMemorySaver` (no I/O: the floor), the same acknowledging
+each checkpoint after one JetStream publish (the floor of one round trip), its
+`AsyncPostgresSaver` and `BufferedCheckpointSaver` with its flusher process. First each
+side closed loop (the AsyncPostgresSaver's rate is its maximum), then each side paced at
+25%, 50% and 90% of that maximum by a think time inside the node: step latency without
+the think time, achieved rate, CPU per step of all processes, and the targets of issue 23
+judged side by side. `--db-delay-ms D` puts Postgres behind a link adding D ms of round trip;
 `--duration-s S` sets how long the judged 50% point lasts, about (it sets the paced runs)."""
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ DESCRIPTION = (
     "M threads (default 32) each run a LangGraph `StateGraph` of N steps (default 20) R "
     "times in turn (default 5). Each step is one node run that appends a ~200-byte AI "
     "message to the state's `messages` (add_messages), and LangGraph checkpoints it before "
-    "the next step starts (durability='sync'). Three sides, each on a database (or an "
-    "in-memory saver) of its own: LangGraph's `InMemorySaver` (no I/O: the floor), its "
+    "the next step starts (durability='sync'). Four sides, each on a database (or an "
+    "in-memory saver) of its own: LangGraph's `InMemorySaver` (no I/O: the floor), the "
+    "same saver answering each checkpoint only after one JetStream publish of it returned "
+    "(the least a write acknowledged after one round trip costs, in the graphs' own "
+    "process), its "
     "`AsyncPostgresSaver` on a pool of 10 connections, and `BufferedCheckpointSaver` with "
     "a flusher process (`--front-end langgraph`). First each side closed loop (every thread "
     "runs its graph runs back to back): AsyncPostgresSaver's rate is its maximum. Then each "
@@ -48,7 +52,7 @@ DESCRIPTION = (
     "the step latency. The paced points run as many runs per thread as let the 50% point "
     "last about `--duration-s` (default 20 s), at most R. `--db-delay-ms D` puts every "
     "Postgres connection of the sides behind a delaying proxy (D ms round trip); NATS stays "
-    "local. After the runs the buffered side calls `force_flush_all` and all three sides "
+    "local. After the runs the buffered side calls `force_flush_all` and all four sides "
     "must hold the same checkpoints per thread."
 )
 
@@ -109,7 +113,7 @@ async def run(bench: Bench) -> Outcome:
         sides = {key: await prepare_side(bench, key, link) for key in SIDES}
         shapes["max"] = Shape(n.threads, n.steps, n.runs)
         # AsyncPostgresSaver first: its closed-loop rate sets the paced points.
-        for key in ("direct", "floor", "buffered"):
+        for key in ("direct", "floor", "onetrip", "buffered"):
             phases[f"{key}_max"] = await run_phase(bench, sides[key], "max", shapes["max"], link)
         d_max = phases["direct_max"]["throughput_per_s"]
         if not d_max:

@@ -1,6 +1,7 @@
-"""The `langgraph` scenario's three checkpointers: each side's database (none for the
-in-memory floor), and its checkpointer opened afresh for a phase, behind the delaying
-link when there is one, the buffered side with its flusher process and WAL monitor."""
+"""The `langgraph` scenario's four checkpointers: each side's database (none for the
+in-memory floor and the floor with one publish), and its checkpointer opened afresh for a
+phase, behind the delaying link when there is one, the buffered side with its flusher
+process and WAL monitor."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from ..harness import Bench, SideDb
 from ..link import Link
 from ..measure import PgSnapshot, PgStats
 from ..processes import FlusherProcess, WalMonitor
-from .langgraph_report import SIDES
+from .langgraph_onetrip import open_one_publish
+from .langgraph_report import IN_MEMORY, SIDES
 
 POOL_SIZE = 10
 """AsyncPostgresSaver's connections (the direct thread-run store's pool size here)."""
@@ -31,7 +33,7 @@ POOL_SIZE = 10
 
 @dataclass
 class Side:
-    """One checkpointer under test: its database (None for the in-memory floor), its
+    """One checkpointer under test: its database (None for the in-memory sides), its
     buffered config, its counters and the threads' checkpoints found in memory."""
 
     key: str
@@ -42,13 +44,14 @@ class Side:
     snapshot: tuple[PgSnapshot, bool] | None = None
     """Counters settled at the end of the side's last phase: the next phase's start."""
     found: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Floor only: checkpoints and final messages per thread, read after each phase."""
+    """In-memory sides only: checkpoints and final messages per thread, read after each
+    phase."""
 
 
 async def prepare_side(bench: Bench, key: str, link: Link | None) -> Side:
     """The side's database with LangGraph's tables (set up directly, unmeasured)."""
     side = Side(key, SIDES[key])
-    if key == "floor":
+    if key in IN_MEMORY:
         return side
     db = await bench.new_database(key, migrate=False)
     side.db = db
@@ -91,6 +94,10 @@ async def open_saver(
 ) -> AsyncIterator[OpenSaver]:
     """The side's checkpointer opened afresh for a phase, as a new process would (and the
     flusher process); closed on exit, the WAL objects deleted unless `--keep`."""
+    if side.key == "onetrip":
+        async with open_one_publish(bench.nats_url, phase) as one:
+            yield OpenSaver(one)
+        return
     if side.db is None:
         yield OpenSaver(InMemorySaver())
         return
@@ -148,7 +155,7 @@ def cpu_sources(bench: Bench, side: Side, link: Link | None) -> dict[str, Callab
         "harness": os.getpid,
         "postgres": lambda: bench.pids()["postgres"],
     }
-    if side.key == "buffered":
+    if side.key in ("buffered", "onetrip"):
         sources["nats_server"] = lambda: bench.pids()["nats_server"]
     if link is not None:
         sources["proxy"] = lambda: link.proxy.pid

@@ -27,8 +27,9 @@ BENCH = "buffered_store.benchmarks"
 
 CURVE_POINTS = ("max", "25", "50", "90")
 """The curve scenario's points run on both sides: the maximum, then % of direct's."""
-LG_SIDES = ("floor", "direct", "buffered")
-"""The langgraph scenario's checkpointers: InMemorySaver, AsyncPostgresSaver, buffered."""
+LG_SIDES = ("floor", "onetrip", "direct", "buffered")
+"""The langgraph scenario's checkpointers: InMemorySaver, the same with one publish per
+checkpoint, AsyncPostgresSaver, buffered."""
 LG_PHASES = ("max", "25", "50", "90")
 """Its phases on every side: closed loop, then % of AsyncPostgresSaver's maximum."""
 
@@ -243,12 +244,14 @@ def check_langgraph(data: dict[str, Any], report: str) -> None:
     check_langgraph_phases(data)
     assert [t["id"] for t in data["targets"]] == [
         "lg_p50",
+        "lg_p50_own",
         "lg_p99",
         "lg_cpu",
         "lg_pg_tx",
         "lg_rate",
     ]
-    assert all(t["met"] is None for t in data["targets"][3:])
+    assert all(t["met"] is None for t in data["targets"][4:])
+    assert data["targets"][1]["met"] is None
     assert params["db_delay_ms"] == 0.0
     assert "link" not in params
     assert params["round_trip_from_idle"]["floor_wall_p50_us"] > 0
@@ -285,10 +288,14 @@ def check_langgraph_phases(data: dict[str, Any]) -> None:
             assert side["late_slots"] >= 0, key
         cpu = side["cpu"]["ms_per_step"]
         assert {"total", "harness", "postgres"} <= set(cpu), key
-        if kind == "floor":
+        if kind in ("floor", "onetrip"):
             assert "pg" in side["unavailable"], key
         else:
             assert side["pg"]["transactions_per_step"] > 0, key
+        if kind == "onetrip":
+            # One acknowledged publish per checkpoint LangGraph made, and its server's CPU.
+            assert side["one_publish"]["publishes"] == side["checkpoints"], key
+            assert "nats_server" in cpu, key
         if kind == "buffered":
             assert {"nats_server", "flusher"} <= set(cpu), key
             flush = side["flush"]
@@ -300,7 +307,7 @@ def check_langgraph_phases(data: dict[str, Any]) -> None:
     check = data["figures"]["correctness"]
     assert check["ok"], check["summary"]
     total = sum(data["figures"]["correctness"]["expected_checkpoints_per_thread"].values())
-    assert check["checkpoints"] == {"floor": total, "direct": total, "buffered": total}
+    assert check["checkpoints"] == {key: total for key in LG_SIDES}
 
 
 @pytest.mark.timeout(300)
@@ -314,6 +321,7 @@ def test_langgraph_quick_with_postgres_behind_a_delaying_link(tmp_path: Path) ->
     assert link["measured_rtt_ms"]["proxied"] > link["measured_rtt_ms"]["plain"]
     assert [t["id"] for t in data["targets"]] == [
         "lg_p50",
+        "lg_p50_own",
         "lg_remote_p99",
         "lg_remote_rate",
         "lg_pg_tx",
