@@ -1,45 +1,56 @@
-"""The `langgraph` scenario's fourth side: LangGraph's `InMemorySaver` that acknowledges
-each checkpoint only after one JetStream publish of it has returned.
+"""The `langgraph` scenario's `onetrip` side: LangGraph's `InMemorySaver` that answers
+each checkpoint only after one JetStream publish of it has been acknowledged.
 
-It is the least any checkpointer can cost that answers a step after one round trip to
-NATS, measured where the buffered saver's steps are: in the same graphs, in the same
-process, at the same pace. Its p50 over InMemorySaver's is what that round trip adds there
-(the wire, the server, and the graphs' process waking from idle for the reply), and the
-buffered saver's p50 over *its* p50 is what the buffered saver's own code adds. The bare
-publishes that `profile_langgraph.publish_floor` times beside the judged point leave out
-the graphs' process; this side does not.
+It is what a checkpointer answering after one round trip to NATS costs at the least,
+measured where the buffered saver's steps are: in the same graphs, in the same process,
+at the same pace. Its p50 over InMemorySaver's is what that round trip adds to a step
+here (the wire, the server, and the graphs' process handling the reply), and the
+buffered saver's p50 over *its* p50 is what the buffered saver's own code adds. The
+bare publishes that `profile_langgraph.publish_floor` times beside the judged point
+leave out the graphs' process; this side does not.
+
+The publish takes the buffered saver's own route, so that the route is not what the two
+sides differ by: one request on a `ReplyInbox` (the reply handed over in the client's
+read loop, one shared timer for the deadlines) and the acknowledgement parsed with
+orjson, as `WalHandles._js_publish` does, rather than nats-py's `JetStreamContext.publish`
+(a callback task per reply and `asyncio.wait_for`: about a third more wall time per
+request, docs/benchmarks/history.md, *Stop 45*).
 
 What it publishes is the checkpoint as InMemorySaver stored it (the checkpoint without
-its channel values, and its metadata, as LangGraph's serializer encoded them): the
-buffered saver's entry carries a step's new values too, so this side's payload is the
-smaller one. `aput_writes` stays in memory: the buffered saver sends a task's writes in
-its checkpoint's entry, so it too makes one round trip per step.
+its channel values, and its metadata, as LangGraph's serializer encoded them, about
+0.6 KB): the buffered saver's entry carries a step's new values too (about 3 KB), so this
+side's payload is the smaller one. `aput_writes` stays in memory: the buffered saver
+sends a task's writes in its checkpoint's entry, so it too makes one round trip per step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import nats
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.memory import InMemorySaver
-from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 
 from buffered_store.engine.keys import encode_token
+from buffered_store.nats.requests import ReplyInbox
+
+PUBLISH_TIMEOUT_S = 10.0
+"""How long one publish may wait for its acknowledgement."""
 
 
 class OnePublishSaver(InMemorySaver):
-    """`InMemorySaver` whose `aput` returns once one JetStream publish of the stored
-    checkpoint has been acknowledged (on `prefix.<thread token>`)."""
+    """`InMemorySaver` whose `aput` returns once `publish(subject, payload)` of the
+    stored checkpoint has returned (on `prefix.<thread token>`)."""
 
-    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+    def __init__(self, publish: Callable[[str, bytes], Awaitable[int]], prefix: str) -> None:
         super().__init__()
-        self._js = js
+        self._publish = publish
         self._prefix = prefix
         self.publishes = 0
         self.published_bytes = 0
@@ -56,7 +67,7 @@ class OnePublishSaver(InMemorySaver):
         thread, ns = where["thread_id"], where["checkpoint_ns"]
         (_, body), (_, meta), _parent = self.storage[thread][ns][where["checkpoint_id"]]
         payload = body + meta
-        await self._js.publish(f"{self._prefix}.{encode_token(thread)}", payload)
+        await self._publish(f"{self._prefix}.{encode_token(thread)}", payload)
         self.publishes += 1
         self.published_bytes += len(payload)
         return stored
@@ -72,12 +83,27 @@ async def open_one_publish(nats_url: str, phase: str) -> AsyncIterator[OnePublis
         await js.add_stream(
             StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE)
         )
+        replies = ReplyInbox(nc)
+
+        async def publish(subject: str, payload: bytes) -> int:
+            msg = await replies.request(subject, payload, None, timeout_s=PUBLISH_TIMEOUT_S)
+            return stream_seq(msg.data)
+
         try:
-            yield OnePublishSaver(js, name)
+            yield OnePublishSaver(publish, name)
         finally:
             await js.delete_stream(name)
     finally:
         await nc.close()
+
+
+def stream_seq(ack: bytes) -> int:
+    """The stream sequence a JetStream publish acknowledgement gives (its error raised)."""
+    parsed = orjson.loads(ack)
+    error = parsed.get("error")
+    if error is not None:
+        raise RuntimeError(f"the one-publish side's publish was refused: {error}")
+    return int(parsed["seq"])
 
 
 def one_publish_figures(saver: Any, steps: int) -> dict[str, Any]:

@@ -20,13 +20,15 @@ from .common import side_get
 
 SIDES = {
     "floor": "InMemorySaver",
-    "onetrip": "InMemorySaver + one publish",
     "direct": "AsyncPostgresSaver",
+    "onetrip": "InMemorySaver + one publish",
     "buffered": "BufferedCheckpointSaver",
 }
 """The four checkpointers, in the order each paced point runs them: `onetrip` is
-InMemorySaver acknowledging each checkpoint after one JetStream publish
-(`langgraph_onetrip`), the least a saver answering after one round trip costs."""
+InMemorySaver answering each checkpoint after one JetStream publish through the
+buffered saver's own request route (`langgraph_onetrip`), and runs right before the
+buffered side, both after AsyncPostgresSaver, so that the pair whose difference is
+reported meets the same machine."""
 IN_MEMORY = ("floor", "onetrip")
 """The sides that keep their checkpoints in the process (read back after each phase)."""
 FRACTIONS = (0.25, 0.5, 0.9)
@@ -80,6 +82,8 @@ def rows() -> list[Row]:
         ("PG WAL bytes / step", at("pg", "pg_wal_bytes_per_step"), "bytes"),
         ("NATS WAL bytes / step", at("nats", "wal_bytes_per_step"), "bytes"),
         ("WAL entries / step", at("nats", "entries_per_step"), "ratio"),
+        ("one-publish side: publishes / step", at("one_publish", "publishes_per_step"), "ratio"),
+        ("one-publish side: bytes / publish", at("one_publish", "bytes_per_publish"), "bytes"),
         ("drain after writes s", at("flush", "drain_s"), "s"),
         ("backlog max (entries)", at("flush", "backlog", "max"), "int"),
         ("backlog trend (entries/s)", at("flush", "backlog_trend_per_s"), "ratio"),
@@ -227,14 +231,14 @@ def judge(
             f"idle at this pace ({round_trip['floor_gap_ms']:g} ms apart): p50 "
             f"{round_trip['floor_wall_p50_us'] / 1000:.2f} ms"
             + ("" if waited is None else f" (waiting for a core {waited / 1000:.2f} ms, mean)")
-            + ", the least a write acknowledged after one round trip adds"
+            + ", on its own"
         )
     o50 = _q(onetrip, "p50") if onetrip is not None else None
     if o50 is not None and f50 is not None:
         floor_text += (
             f"; InMemorySaver acknowledging each checkpoint after one JetStream publish, in "
-            f"the same graphs: p50 {fmt(o50, 'ms')} ms ({o50 - f50:+.2f} ms), the least a "
-            "write acknowledged after one round trip adds here"
+            f"the same graphs: p50 {fmt(o50, 'ms')} ms ({o50 - f50:+.2f} ms), what one round "
+            "trip adds to a step here"
         )
     b_wait, f_wait = graphs_wait_ms(buffered), graphs_wait_ms(floor)
     if b_wait is not None and f_wait is not None:
@@ -485,9 +489,10 @@ def methods(delay_ms: float) -> dict[str, str]:
         "run's return",
         "CPU per step": "psutil user+system seconds over the phase (from the start of the "
         "writes to the end of the buffered side's drain) of this process (the graphs), the "
-        "Postgres postmaster with its backends (live and exited), for the buffered side the "
-        "nats-server and the flusher process (its own process_time(), minus what it used "
-        "before the phase), divided by the phase's graph steps",
+        "Postgres postmaster with its backends (live and exited), for the buffered and the "
+        "one-publish sides the nats-server, for the buffered side the flusher process (its "
+        "own process_time(), minus what it used before the phase), divided by the phase's "
+        "graph steps",
         "PG transactions / step": PG_XACT_METHOD + "; per phase, divided by its graph steps. "
         "The buffered side's figure includes the flusher's transactions and "
         "force_flush_all",

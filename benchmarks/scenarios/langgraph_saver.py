@@ -113,7 +113,7 @@ async def run(bench: Bench) -> Outcome:
         sides = {key: await prepare_side(bench, key, link) for key in SIDES}
         shapes["max"] = Shape(n.threads, n.steps, n.runs)
         # AsyncPostgresSaver first: its closed-loop rate sets the paced points.
-        for key in ("direct", "floor", "onetrip", "buffered"):
+        for key in ("direct", *(k for k in SIDES if k != "direct")):
             phases[f"{key}_max"] = await run_phase(bench, sides[key], "max", shapes["max"], link)
         d_max = phases["direct_max"]["throughput_per_s"]
         if not d_max:

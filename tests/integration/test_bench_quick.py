@@ -239,7 +239,7 @@ def check_spark_overlay(data: dict[str, Any], report: str) -> None:
 def check_langgraph(data: dict[str, Any], report: str) -> None:
     """Every side in every phase with its steps, latencies and CPU per step, the paced
     points at their fractions of AsyncPostgresSaver's maximum, the loopback targets, and
-    the same checkpoints per thread on all three sides after force_flush_all."""
+    the same checkpoints per thread on all four sides after force_flush_all."""
     params = data["parameters"]
     check_langgraph_phases(data)
     assert [t["id"] for t in data["targets"]] == [
