@@ -16,11 +16,14 @@ import json
 import os
 import signal
 import sys
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client
+from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from buffered_store.config import WriterConfig
@@ -197,3 +200,24 @@ def probe_nats(nats_url: str | None) -> Services:
     nats-server of its own (or a container, as `start_services` decides); close it after."""
     env = {**os.environ, "NATS_URL": nats_url} if nats_url else None
     return start_services(postgres=False, env=env)
+
+
+@contextlib.asynccontextmanager
+async def scratch_stream(url: str, prefix: str) -> AsyncIterator[tuple[Client, str]]:
+    """A NATS connection and a file stream of its own, `prefix_<8 hex digits>` on the
+    subjects `<name>.>` (stored as the WAL is), for a probe's bare publishes: the
+    connection and the stream's name; the stream is deleted and the connection closed
+    on exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(
+            StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE)
+        )
+        try:
+            yield nc, name
+        finally:
+            await js.delete_stream(name)
+    finally:
+        await nc.close()

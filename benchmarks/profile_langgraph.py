@@ -57,7 +57,7 @@ from buffered_store.langgraph.sink import LangGraphSink
 from buffered_store.nats import NatsWal
 
 from .measure import runqueue_wait_s
-from .processes import delete_wal_objects, probe_nats
+from .processes import delete_wal_objects, probe_nats, scratch_stream
 from .step_timeline import marking, stage_times
 
 FILLER = "x" * 180
@@ -224,36 +224,23 @@ async def publish_floor(
     but waited for a core (`floor_wait_us`). With `gap_ms`, each publish starts that long
     after the previous one returned, from an idle process as a paced step's does: its
     CPU then includes the wake-ups."""
-    import nats
-    from nats.js.api import StorageType, StreamConfig
-
-    name = f"FLOOR_{uuid.uuid4().hex[:8]}"
     body = b"x" * size
     gap_s = gap_ms / 1000
     walls: list[float] = []
-    nc = await nats.connect(url)
-    try:
+    async with scratch_stream(url, "FLOOR") as (nc, name):
         js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE)
-        )
-        try:
-            for i in range(max(1, count // 10)):
-                await js.publish(f"{name}.{i % 64}", body)
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            waited = runqueue_wait_s(os.getpid())
-            for i in range(count):
-                if gap_s > 0:
-                    await asyncio.sleep(gap_s)
-                began = time.perf_counter()
-                await js.publish(f"{name}.{i % 64}", body)
-                walls.append(time.perf_counter() - began)
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            waited_after = runqueue_wait_s(os.getpid())
-        finally:
-            await js.delete_stream(name)
-    finally:
-        await nc.close()
+        for i in range(max(1, count // 10)):
+            await js.publish(f"{name}.{i % 64}", body)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        waited = runqueue_wait_s(os.getpid())
+        for i in range(count):
+            if gap_s > 0:
+                await asyncio.sleep(gap_s)
+            began = time.perf_counter()
+            await js.publish(f"{name}.{i % 64}", body)
+            walls.append(time.perf_counter() - began)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        waited_after = runqueue_wait_s(os.getpid())
     walls.sort()
     figures = {
         "floor_publishes": count,

@@ -26,19 +26,18 @@ sends a task's writes in its checkpoint's entry, so it too makes one round trip 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import nats
 import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.memory import InMemorySaver
-from nats.js.api import StorageType, StreamConfig
 
 from buffered_store.engine.keys import encode_token
 from buffered_store.nats.requests import ReplyInbox
+
+from ..processes import scratch_stream
 
 PUBLISH_TIMEOUT_S = 10.0
 """How long one publish may wait for its acknowledgement."""
@@ -76,25 +75,14 @@ class OnePublishSaver(InMemorySaver):
 @contextlib.asynccontextmanager
 async def open_one_publish(nats_url: str, phase: str) -> AsyncIterator[OnePublishSaver]:
     """A `OnePublishSaver` on a file stream of its own (as the WAL is), deleted on exit."""
-    name = f"ONETRIP_{phase}_{uuid.uuid4().hex[:8]}"
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE)
-        )
+    async with scratch_stream(nats_url, f"ONETRIP_{phase}") as (nc, name):
         replies = ReplyInbox(nc)
 
         async def publish(subject: str, payload: bytes) -> int:
             msg = await replies.request(subject, payload, None, timeout_s=PUBLISH_TIMEOUT_S)
             return stream_seq(msg.data)
 
-        try:
-            yield OnePublishSaver(publish, name)
-        finally:
-            await js.delete_stream(name)
-    finally:
-        await nc.close()
+        yield OnePublishSaver(publish, name)
 
 
 def stream_seq(ack: bytes) -> int:
@@ -106,9 +94,9 @@ def stream_seq(ack: bytes) -> int:
     return int(parsed["seq"])
 
 
-def one_publish_figures(saver: Any, steps: int) -> dict[str, Any]:
+def one_publish_figures(saver: OnePublishSaver, steps: int) -> dict[str, Any]:
     """Publishes and bytes per step of a phase of this side."""
-    publishes, sent = int(saver.publishes), int(saver.published_bytes)
+    publishes, sent = saver.publishes, saver.published_bytes
     return {
         "publishes": publishes,
         "publishes_per_step": publishes / steps if steps else None,
