@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Protocol
@@ -77,7 +77,7 @@ class WriteFormat(Format[E, H], Protocol[E, H, S]):
         """KV bytes of a hot record, at most `limit` bytes (a KV value is a message)."""
         ...
 
-    def with_recent(self, record: H, recent: tuple[tuple[int, int], ...]) -> H:
+    def with_recent(self, record: H, recent: Sequence[tuple[int, int]]) -> H:
         """The record with another `recent` list."""
         ...
 

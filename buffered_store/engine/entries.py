@@ -21,10 +21,10 @@ engine itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 import orjson
 
@@ -82,8 +82,9 @@ class HotView(Protocol):
         ...
 
     @property
-    def recent(self) -> tuple[tuple[int, int], ...]:
-        """(seq, stream seq) of the latest entries, oldest first."""
+    def recent(self) -> Sequence[tuple[int, int]]:
+        """(seq, stream seq) of the latest entries, oldest first (a `RecentSeqs` in the
+        records the engine's `advance_head` builds)."""
         ...
 
     @property
@@ -225,13 +226,99 @@ def chain_after(entries: Iterable[E], seq: int) -> list[E]:
         seq = nxt.seq
 
 
+class RecentSeqs(Sequence[tuple[int, int]]):
+    """(seq, stream seq) of a thread's latest entries, oldest first: the ``r`` list of a
+    hot record, which lets a reader fetch the unflushed tail by stream seq.
+
+    A writer advances it on every write and almost never reads it, so it is kept as its
+    JSON text (``[[seq,stream_seq],...]``, as orjson writes the pairs) and `added`
+    makes the next one with a few byte copies: no new tuple of `window` pairs per write,
+    none to encode, none for the collector to walk (a 64-pair list cost a writer about
+    10 µs a checkpoint). The pairs are parsed the first time they are read; a list made
+    from pairs (a record decoded from KV) writes its text the first time it is needed.
+    Equal to another `RecentSeqs` of the same pairs, and to the tuple of its pairs.
+    """
+
+    __slots__ = ("_count", "_json", "_pairs")
+
+    def __init__(self, pairs: Iterable[tuple[int, int]] = ()) -> None:
+        self._pairs: tuple[tuple[int, int], ...] | None = tuple(
+            (int(seq), int(stream_seq)) for seq, stream_seq in pairs
+        )
+        self._count = len(self._pairs)
+        self._json: bytes | None = None
+
+    @classmethod
+    def _of_json(cls, json: bytes, count: int) -> RecentSeqs:
+        made = cls.__new__(cls)
+        made._pairs, made._count, made._json = None, count, json
+        return made
+
+    @property
+    def json(self) -> bytes:
+        """The JSON text of the pairs (splice it into a record with `orjson.Fragment`)."""
+        if self._json is None:
+            self._json = orjson.dumps(self._pairs)
+        return self._json
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs, oldest first."""
+        if self._pairs is None:
+            assert self._json is not None
+            self._pairs = tuple((seq, stream_seq) for seq, stream_seq in orjson.loads(self._json))
+        return self._pairs
+
+    def added(self, seq: int, stream_seq: int, window: int) -> RecentSeqs:
+        """The newest `window` pairs after one more entry (`seq` at `stream_seq`)."""
+        pair = b"[%d,%d]" % (seq, stream_seq)
+        count = self._count
+        if count == 0 or window <= 1:
+            return RecentSeqs._of_json(b"[" + pair + b"]", 1)
+        text = self.json
+        start = 1  # after the list's "["; each pair is "[a,b]", between them ","
+        while count >= window:
+            start = text.index(b"],[", start) + 2
+            count -= 1
+        return RecentSeqs._of_json(b"[" + text[start:-1] + b"," + pair + b"]", count + 1)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.pairs())
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[tuple[int, int], ...]: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+        return self.pairs()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecentSeqs):
+            return self._count == other._count and self.json == other.json
+        if isinstance(other, tuple):
+            return self.pairs() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.json)
+
+    def __repr__(self) -> str:
+        return f"RecentSeqs({self.pairs()!r})"
+
+
+NO_RECENT = RecentSeqs()
+"""The empty list (a record's default)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HotHead:
     """The engine's fields of a thread's hot record after an entry (see `HotView`)."""
 
     seq: int
     stream_seq: int
-    recent: tuple[tuple[int, int], ...]
+    recent: RecentSeqs
     deleted_seq: int
     chain_from: int
     follows: bool
@@ -244,7 +331,13 @@ def advance_head(
 ) -> HotHead:
     """The engine's part of the hot record after `entry` was stored at `stream_seq`: the
     last `window` (seq, stream seq) pairs, the latest delete, the chain's first seq."""
-    recent = ((previous.recent if previous else ()) + ((entry.seq, stream_seq),))[-window:]
+    if previous is None:
+        recent = NO_RECENT.added(entry.seq, stream_seq, window)
+    else:
+        known = previous.recent
+        if not isinstance(known, RecentSeqs):
+            known = RecentSeqs(known)  # a front-end's record of its own making
+        recent = known.added(entry.seq, stream_seq, window)
     follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
     deleted_seq = entry.seq if entry.deletes else (previous.deleted_seq if previous else 0)
     chain_from = previous.chain_from if previous is not None and follows else entry.seq

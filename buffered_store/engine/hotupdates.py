@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic
 
 from buffered_store.engine.cursors import Cursor, S
@@ -196,7 +197,7 @@ class HotUpdates(Generic[H, S]):
 
 
 def merged_recent(
-    ours: tuple[tuple[int, int], ...], stored: tuple[tuple[int, int], ...], window: int
+    ours: Sequence[tuple[int, int]], stored: Sequence[tuple[int, int]], window: int
 ) -> tuple[tuple[int, int], ...]:
     """The newest `window` (seq, stream seq) pairs of both lists, ours winning a tie."""
     merged = dict(stored)

@@ -5,14 +5,14 @@ it put last, the bases of its delta blobs). Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import orjson
 
-from buffered_store.engine.entries import advance_head
+from buffered_store.engine.entries import NO_RECENT, RecentSeqs, advance_head
 from buffered_store.engine.frontend import LANGGRAPH
 from buffered_store.errors import CorruptEntryError
 from buffered_store.langgraph.decoding import decode_entry
@@ -25,7 +25,7 @@ class LgHot:
 
     seq: int
     stream_seq: int
-    recent: tuple[tuple[int, int], ...] = ()
+    recent: RecentSeqs = NO_RECENT
     deleted_seq: int = 0
     chain_from: int = 0
     owner: str | None = None
@@ -60,7 +60,7 @@ def encode_hot(record: LgHot) -> bytes:
         {
             "s": record.seq,
             "ss": record.stream_seq,
-            "r": record.recent,
+            "r": orjson.Fragment(record.recent.json),
             "ds": record.deleted_seq,
             "cf": record.chain_from,
             "o": record.owner,
@@ -75,7 +75,7 @@ def decode_hot(data: bytes) -> LgHot:
         return LgHot(
             seq=int(raw["s"]),
             stream_seq=int(raw["ss"]),
-            recent=tuple((int(a), int(b)) for a, b in raw.get("r", ())),
+            recent=RecentSeqs(raw.get("r", ())),
             deleted_seq=int(raw.get("ds", 0)),
             chain_from=int(raw.get("cf", 0)),
             owner=raw.get("o"),
@@ -128,8 +128,8 @@ class LangGraphFormat:
     def encode_hot(self, record: LgHot, *, limit: int) -> bytes:
         return encode_hot(record)
 
-    def with_recent(self, record: LgHot, recent: tuple[tuple[int, int], ...]) -> LgHot:
-        return replace(record, recent=recent)
+    def with_recent(self, record: LgHot, recent: Sequence[tuple[int, int]]) -> LgHot:
+        return replace(record, recent=RecentSeqs(recent))
 
     def placed(self, entry: LgEntry, stream_seq: int) -> LgEntry:
         # Operations hold bytes and texts only: the built entry is what a read gets back.

@@ -19,7 +19,14 @@ from typing import Any
 
 import orjson
 
-from buffered_store.engine.entries import Header, advance_head, header_json, parse_entry
+from buffered_store.engine.entries import (
+    NO_RECENT,
+    Header,
+    RecentSeqs,
+    advance_head,
+    header_json,
+    parse_entry,
+)
 from buffered_store.engine.frontend import THREADRUN
 from buffered_store.engine.ids import parse_time
 from buffered_store.errors import CorruptEntryError
@@ -182,7 +189,7 @@ class HotRecord:
     stream_seq: int
     thread: Thread | None
     """Summary at `seq`; None when the entry at `seq` deleted the thread."""
-    recent: tuple[tuple[int, int], ...] = ()
+    recent: RecentSeqs = NO_RECENT
     runs: tuple[tuple[RunRecord, int], ...] = ()
     """(run, seq of the entry that last wrote it), most recently written first."""
     runs_from: int = 0
@@ -250,7 +257,7 @@ def encode_hot(record: HotRecord) -> bytes:
         "s": record.seq,
         "ss": record.stream_seq,
         "th": record.thread.to_json() if record.thread else None,
-        "r": record.recent,
+        "r": orjson.Fragment(record.recent.json),
         "ru": [[run_json(run)[1], seq] for run, seq in record.runs],
         "rf": record.runs_from,
         "ds": record.deleted_seq,
@@ -280,7 +287,7 @@ def decode_hot(data: bytes) -> HotRecord:
             seq=int(raw["s"]),
             stream_seq=int(raw["ss"]),
             thread=thread,
-            recent=tuple((int(a), int(b)) for a, b in raw.get("r", ())),
+            recent=RecentSeqs(raw.get("r", ())),
             runs=tuple((RunRecord.from_json(run), int(seq)) for run, seq in raw.get("ru", ())),
             runs_from=int(raw.get("rf", 0)),
             deleted_seq=int(raw.get("ds", 0)),
@@ -327,9 +334,9 @@ class ThreadRunFormat:
         """`encode_hot_within`."""
         return encode_hot_within(record, limit)
 
-    def with_recent(self, record: HotRecord, recent: tuple[tuple[int, int], ...]) -> HotRecord:
+    def with_recent(self, record: HotRecord, recent: Sequence[tuple[int, int]]) -> HotRecord:
         """The record with another `recent` list."""
-        return replace(record, recent=recent)
+        return replace(record, recent=RecentSeqs(recent))
 
     def placed(self, entry: WalEntry, stream_seq: int) -> WalEntry | None:
         """None: a built entry holds the caller's run and metadata objects, which it may

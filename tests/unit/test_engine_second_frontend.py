@@ -82,8 +82,8 @@ class NotesFormat:
         count = (previous.count if previous else 0) + 1
         return NoteHot(entry.seq, stream_seq, recent, count=count)
 
-    def with_recent(self, record: NoteHot, recent: tuple[tuple[int, int], ...]) -> NoteHot:
-        return replace(record, recent=recent)
+    def with_recent(self, record: NoteHot, recent: Sequence[tuple[int, int]]) -> NoteHot:
+        return replace(record, recent=tuple(recent))
 
     def placed(self, entry: Note, stream_seq: int) -> Note:
         return replace(entry, stream_seq=stream_seq)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from buffered_store.engine.cursors import Cursor, CursorCache, ThreadLocks
+from buffered_store.engine.entries import RecentSeqs
 from buffered_store.engine.hotupdates import merged_recent
 from buffered_store.model.changes import (
     EntryKind,
@@ -125,8 +126,8 @@ def test_advance_snapshot_follows_deltas_and_gives_up_when_unknown() -> None:
 
 
 def test_merge_recent_keeps_newest_window() -> None:
-    ours = HotRecord(seq=5, stream_seq=50, thread=None, recent=((4, 40), (5, 50)))
-    stored = HotRecord(seq=3, stream_seq=30, thread=None, recent=((2, 20), (3, 30)))
+    ours = HotRecord(seq=5, stream_seq=50, thread=None, recent=RecentSeqs(((4, 40), (5, 50))))
+    stored = HotRecord(seq=3, stream_seq=30, thread=None, recent=RecentSeqs(((2, 20), (3, 30))))
     merged = FORMAT.with_recent(ours, merged_recent(ours.recent, stored.recent, window=3))
     assert merged.recent == ((3, 30), (4, 40), (5, 50))
     assert merged.seq == 5
