@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 import orjson
 
-from buffered_store.engine.ids import parse_time
+from buffered_store.engine.ids import parse_time, wire_time
 from buffered_store.errors import CorruptEntryError
 
 WIRE_VERSION = 1
@@ -135,7 +135,7 @@ def header_json(header: Header) -> dict[str, Any]:
         "t": header.thread_id,
         "s": header.seq,
         "k": header.kind,
-        "at": header.at.isoformat(),
+        "at": wire_time(header.at),
         "w": header.writer,
     }
     if header.jump:

@@ -56,3 +56,15 @@ def parse_time(value: Any) -> datetime:
     if parsed.tzinfo is None:
         raise ValidationError(f"timestamp {value!r} has no timezone")
     return parsed
+
+
+def wire_time(value: datetime) -> datetime | str:
+    """A datetime as a value for `orjson.dumps` to write as ``value.isoformat()``: the
+    datetime itself in UTC (orjson writes the same text, in C), else that text (with
+    another offset orjson may not: it drops an offset's seconds; nor a subclass)."""
+    return value if value.tzinfo is UTC and type(value) is datetime else value.isoformat()
+
+
+def writes_as_iso(value: datetime | None) -> bool:
+    """Whether orjson writes `value` (None too) as `isoformat()` does (`wire_time`)."""
+    return value is None or (value.tzinfo is UTC and type(value) is datetime)

@@ -13,9 +13,7 @@ from buffered_store.langgraph.format import decode_hot as decode_lg_hot
 from buffered_store.langgraph.format import encode_hot as encode_lg_hot
 from buffered_store.threadrun.entry import HotRecord, decode_hot, encode_hot
 
-pairs = st.lists(
-    st.tuples(st.integers(1, 2**62), st.integers(1, 2**62)), min_size=0, max_size=40
-)
+pairs = st.lists(st.tuples(st.integers(1, 2**62), st.integers(1, 2**62)), min_size=0, max_size=40)
 
 
 @given(pairs, st.integers(1, 12), st.integers(0, 20))
@@ -46,7 +44,8 @@ def test_a_window_smaller_than_the_list_drops_every_pair_beyond_it() -> None:
 def test_equality_indexing_and_hash() -> None:
     made = RecentSeqs([(1, 10), (2, 20)])
     grown = RecentSeqs([(1, 10)]).added(2, 20, 64)
-    assert made == grown and hash(made) == hash(grown)
+    assert made == grown
+    assert hash(made) == hash(grown)
     assert made == ((1, 10), (2, 20))
     assert made != RecentSeqs([(1, 10), (2, 21)])
     assert (made[0], made[-1], made[:1]) == ((1, 10), (2, 20), ((1, 10),))

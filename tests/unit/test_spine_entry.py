@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta, timezone
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -198,3 +200,38 @@ def test_messages_of_decodes_bytes() -> None:
         {"role": "user"},
         {"role": "tool", "a": [1]},
     ]
+
+
+class _Later(datetime):
+    """A datetime subclass (orjson refuses those: the codec must not hand it one)."""
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        T0 + timedelta(microseconds=7),
+        datetime(2026, 1, 1, 2, tzinfo=timezone(timedelta(hours=2))),
+        # orjson would write +05:30 for this offset, another instant.
+        datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=5, minutes=30, seconds=15))),
+        _Later(2026, 1, 1, tzinfo=UTC),
+    ],
+)
+@pytest.mark.parametrize("metadata", [{"k": 1}, MappingProxyType({"k": 1})])
+def test_times_and_records_are_written_as_their_isoformat_and_to_json(
+    at: datetime, metadata: Mapping[str, Any]
+) -> None:
+    """Records go to orjson as dataclasses and datetimes as themselves where orjson
+    writes what `to_json()` and `isoformat()` would; everywhere else as those."""
+    run = _run(created_at=at, updated_at=at, finished_at=at, metadata=metadata)
+    entry = _checkpoint(at=at, created_at=at, run=run, metadata=metadata)
+    wire = orjson.loads(encode_entry(entry))
+    assert (wire["at"], wire["c"], wire["md"]) == (at.isoformat(), at.isoformat(), {"k": 1})
+    assert wire["run"] == orjson.loads(orjson.dumps(run.to_json()))
+    assert decode_entry(encode_entry(entry)).run == run
+    hot = advance_hot(None, entry, stream_seq=9, window=4)
+    assert hot.thread is not None
+    assert orjson.loads(encode_hot(hot))["th"] == orjson.loads(orjson.dumps(hot.thread.to_json()))
+    decoded = decode_hot(encode_hot(hot))
+    assert decoded.thread is not None
+    assert decoded.thread.created_at == at
+    assert decoded.runs[0][0] == run
