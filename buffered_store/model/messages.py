@@ -23,8 +23,11 @@ from buffered_store.model.records import Message
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 """Canonical encoding: sorted keys; datetimes and dataclasses are refused, not converted."""
 
-_SUSPECT = (b"null", b"\\u0000")
-"""Bytes that need the precise check: NaN/inf encode as null, NUL as an escape."""
+
+def _suspect(encoded: bytes) -> bool:
+    """Whether canonical bytes need the precise check: NaN and infinities encode as
+    null, NUL characters as an escape."""
+    return b"null" in encoded or b"\\u0000" in encoded
 
 
 def _check_json(value: Any, path: str) -> None:
@@ -78,7 +81,7 @@ def check_json_value(value: Any, what: str) -> Any:
 
 def encode_message(message: Any, index: int) -> bytes:
     """Validate one message and return its canonical JSON bytes."""
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):
         raise ValidationError(
             f"messages[{index}] must be a JSON object, got {type(message).__name__}"
         )
@@ -91,7 +94,7 @@ def encode_message(message: Any, index: int) -> bytes:
         encoded = b""  # the precise walk below names the offending value
     # orjson rejects non-string keys and foreign types itself; only NaN/inf (encoded as
     # null) and NUL characters (escaped) slip through, so walk the message only then.
-    if not encoded or any(token in encoded for token in _SUSPECT):
+    if not encoded or _suspect(encoded):
         _check_json(message, f"messages[{index}]")
         encoded = _check_encodable(message, f"messages[{index}]")
     return encoded
@@ -288,9 +291,19 @@ def _same_objects(messages: Sequence[Any], previous: Sequence[bytes]) -> int:
             del sources[kept:]
     if not same:
         return 0
-    for index in range(max(0, kept - RECHECKED_TAIL), kept):
-        if encode_message(messages[index], index) != previous[index]:
-            return 0  # changed in place: compare by value
+    # The tail encoded again in one call and compared with its cached bytes; equal
+    # bytes hold a valid role, and orjson refused what else it cannot hold, but for a
+    # NaN or infinity put in place of a null: those are checked message by message.
+    start = max(0, kept - RECHECKED_TAIL)
+    try:
+        tail = orjson.dumps(messages[start:kept], option=_OPTS)
+    except TypeError:
+        return 0  # changed in place: compare by value (which names the problem)
+    if tail != b"[" + b",".join(previous[start:kept]) + b"]":
+        return 0
+    if _suspect(tail):
+        for index in range(start, kept):
+            encode_message(messages[index], index)
     return kept
 
 

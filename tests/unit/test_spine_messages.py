@@ -6,6 +6,7 @@ import math
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 import buffered_store.model.messages as messages_module
@@ -135,17 +136,25 @@ def test_encode_messages_reuses_the_objects_it_has_seen_without_encoding_them(
     previous = encode_messages(messages)
     assert isinstance(previous, MessageSnapshot)
     messages.append({"role": "assistant", "content": "new"})
-    encoded: list[int] = []
-    real = messages_module.encode_message
+    encoded: list[Any] = []
+    real = orjson.dumps
 
-    def counting(message: Any, index: int) -> bytes:
-        encoded.append(index)
-        return real(message, index)
+    class Counting:
+        """`orjson` as the module sees it, noting each value it encodes."""
 
-    monkeypatch.setattr(messages_module, "encode_message", counting)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(orjson, name)
+
+        @staticmethod
+        def dumps(value: Any, **kwargs: Any) -> bytes:
+            encoded.append(value)
+            return real(value, **kwargs)
+
+    monkeypatch.setattr(messages_module, "orjson", Counting())
     again = encode_messages(messages, previous)
-    assert again == [*previous, real(messages[-1], 500)]
-    assert sorted(encoded) == [500 - RECHECKED_TAIL + i for i in range(RECHECKED_TAIL)] + [500]
+    assert again == [*previous, real(messages[-1], option=orjson.OPT_SORT_KEYS)]
+    # The re-checked tail in one call, then the new message: nothing of the history.
+    assert encoded == [messages[500 - RECHECKED_TAIL : 500], messages[500]]
 
 
 def test_encode_messages_sees_a_message_replaced_by_a_new_object() -> None:
@@ -164,6 +173,27 @@ def test_encode_messages_sees_the_last_messages_changed_in_place() -> None:
     again = encode_messages(messages, previous)
     assert decode_message(again[-2])["content"] == "streamed further"
     assert again[:8] == previous[:8]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda m: m.update(score=math.nan), r"messages\[8\]\.score"),  # was null
+        (lambda m: m.update({1: "x"}), r"messages\[8\]: object keys must be strings"),
+        (lambda m: m.pop("role"), r"messages\[8\] needs a non-empty string 'role'"),
+        (lambda m: m.update(content="a\x00b"), r"messages\[8\]\.content: .*NUL"),
+    ],
+)
+def test_the_rechecked_tail_refuses_what_a_message_changed_in_place_cannot_hold(
+    change: Any, problem: str
+) -> None:
+    """The tail is compared in one encoding; what it cannot hold is still named."""
+    messages: list[dict[Any, Any]] = [*_history(8), {"role": "user", "score": None}, *_history(1)]
+    previous = encode_messages(messages)
+    change(messages[8])
+    messages.append({"role": "assistant", "content": "new"})
+    with pytest.raises(ValidationError, match=problem):
+        encode_messages(messages, previous)
 
 
 def test_encode_messages_by_identity_skips_an_earlier_message_changed_in_place() -> None:
