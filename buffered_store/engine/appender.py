@@ -382,7 +382,7 @@ class Writer(Generic[E, H, S]):
         written: E | None = None
         try:
             # One timeout scope for both round trips, on the timer all writes share.
-            async with self._deadlines.at(deadline):
+            with self._deadlines.at(deadline):
                 entry, stream_seq, base = await self.append(thread_id, build, attempt)
                 written = entry
                 after = state_of(entry) if state_of is not None else state

@@ -25,9 +25,11 @@ class Deadlines:
         self._timer: SharedTimer[Deadline] = SharedTimer(Deadline.expire)
 
     def at(self, when: float) -> Deadline:
-        """``async with deadlines.at(when):`` as ``async with asyncio.timeout_at(when):``
-        (`when` in loop time): the task is cancelled at `when`, and the scope raises
-        `TimeoutError` in place of that cancellation."""
+        """``with deadlines.at(when):`` (inside a task) as ``async with
+        asyncio.timeout_at(when):`` (`when` in loop time): the task is cancelled at
+        `when`, and the scope raises `TimeoutError` in place of that cancellation. A
+        plain context manager: entering and leaving it awaits nothing, so it makes no
+        coroutine either."""
         return Deadline(self._timer, when)
 
 
@@ -43,7 +45,7 @@ class Deadline:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
 
-    async def __aenter__(self) -> Deadline:
+    def __enter__(self) -> Deadline:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline is kept inside a task")
@@ -52,7 +54,7 @@ class Deadline:
         self._deadlines.add(self, self.when)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._deadlines.discard(self)

@@ -193,7 +193,7 @@ class BufferedThreadRunStore:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointReceipt:
         """Append the checkpoint to the WAL; returns once it is durable there."""
-        return await self._measured(thread_id, messages, run, metadata, append=False)
+        return await self._checkpoint(thread_id, messages, run, metadata, append=False)
 
     async def append(
         self,
@@ -208,29 +208,7 @@ class BufferedThreadRunStore:
         The entry keeps the thread's current messages without reading, encoding or
         comparing them: the call costs the same whatever the history length.
         """
-        return await self._measured(thread_id, messages, run, metadata, append=True)
-
-    async def _measured(
-        self,
-        thread_id: str,
-        messages: Sequence[Message],
-        run: RunRecord,
-        metadata: Mapping[str, Any] | None,
-        *,
-        append: bool,
-    ) -> CheckpointReceipt:
-        started = time.perf_counter()
-        try:
-            receipt = await self._checkpoint(thread_id, messages, run, metadata, append=append)
-        except BaseException as exc:
-            self._stats["checkpoints_failed"] += 1
-            self._stats[f"checkpoints_{_failure_kind(exc)}"] += 1
-            raise
-        elapsed = time.perf_counter() - started
-        self._stats["checkpoints_ok"] += 1
-        self._stats["checkpoint_seconds_total"] += elapsed
-        self._checkpoint_seconds.observe(elapsed)
-        return receipt
+        return await self._checkpoint(thread_id, messages, run, metadata, append=True)
 
     async def _checkpoint(
         self,
@@ -241,6 +219,29 @@ class BufferedThreadRunStore:
         *,
         append: bool,
     ) -> CheckpointReceipt:
+        """`checkpoint()` or `append()`, counted and timed. One coroutine from the call
+        down to the writer's: every checkpoint passes here."""
+        started = time.perf_counter()
+        try:
+            entry, stream_seq = await self._write(thread_id, messages, run, metadata, append)
+        except BaseException as exc:
+            self._stats["checkpoints_failed"] += 1
+            self._stats[f"checkpoints_{_failure_kind(exc)}"] += 1
+            raise
+        elapsed = time.perf_counter() - started
+        self._stats["checkpoints_ok"] += 1
+        self._stats["checkpoint_seconds_total"] += elapsed
+        self._checkpoint_seconds.observe(elapsed)
+        return CheckpointReceipt(thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq)
+
+    async def _write(
+        self,
+        thread_id: str,
+        messages: Sequence[Message],
+        run: RunRecord,
+        metadata: Mapping[str, Any] | None,
+        append: bool,
+    ) -> tuple[WalEntry, int]:
         self._buffer.check_open()
         cached = self._writer.cursors.get(thread_id) if isinstance(thread_id, str) else None
         call = validate_checkpoint(
@@ -252,9 +253,6 @@ class BufferedThreadRunStore:
             append=append,
             check=self.config.check_snapshots,
         )
-        # The snapshot after the entry follows from the cursor it lands on (its state
-        # extended in place: see `ThreadRunFormat.state_after`), never copied here.
-        snapshot = None
         nonce = self._writer.nonce()
 
         def build(cursor: RunCursor) -> tuple[WalEntry, bytes]:
@@ -291,21 +289,11 @@ class BufferedThreadRunStore:
             )
             return entry, encode_entry(entry)
 
-        async def claimed_write(deadline: float) -> tuple[WalEntry, int]:
-            # The run's claim must hold on the cursor the entry is built on: a cursor
-            # reloaded after a conflict that saw the thread deleted has dropped it.
-            for _ in range(MAX_RECLAIMS):
-                if not self._claims.held(thread_id, run.run_id):
-                    await self._claims.claim(thread_id, run.run_id, deadline)
-                try:
-                    return await self._buffer.write(thread_id, build, snapshot, deadline=deadline)
-                except _ClaimLost:
-                    continue
-            raise ConflictError(f"thread {thread_id!r} keeps being deleted under this write")
-
         # The thread's lock held, and its cursor pinned (the claim and a snapshot read
         # back live in it: keep it cached until the write is done); inline rather than
-        # in a coroutine or context manager of their own: every checkpoint passes here.
+        # in a coroutine or context manager of their own. The snapshot after the entry
+        # follows from the cursor it lands on (its state extended in place: see
+        # `ThreadRunFormat.state_after`), never copied here: the writer is given none.
         loop = asyncio.get_running_loop()
         cursors = self._writer.cursors
         lock = self._locks.hold(thread_id)
@@ -313,25 +301,38 @@ class BufferedThreadRunStore:
             async with lock:
                 cursors.pin(thread_id)
                 try:
-                    try:
-                        entry, stream_seq = await claimed_write(
-                            loop.time() + self.config.checkpoint_timeout_s
-                        )
-                    except PayloadTooLargeError:
-                        # A cold cursor sends the whole snapshot; for a thread larger than a
-                        # WAL message, learn its snapshot once and send the delta instead.
-                        # (An append sends only its new messages: knowing the snapshot
-                        # would not help.)
-                        if append or not await self._prime_snapshot(thread_id):
-                            raise
-                        entry, stream_seq = await claimed_write(
-                            loop.time() + self.config.checkpoint_timeout_s
-                        )
+                    deadline = loop.time() + self.config.checkpoint_timeout_s
+                    primed = False
+                    lost = 0
+                    while True:
+                        # The run's claim must hold on the cursor the entry is built on: a
+                        # cursor reloaded after a conflict that saw the thread deleted has
+                        # dropped it.
+                        if not self._claims.held(thread_id, run.run_id):
+                            await self._claims.claim(thread_id, run.run_id, deadline)
+                        try:
+                            return await self._buffer.write(
+                                thread_id, build, None, deadline=deadline
+                            )
+                        except _ClaimLost:
+                            lost += 1
+                            if lost == MAX_RECLAIMS:
+                                raise ConflictError(
+                                    f"thread {thread_id!r} keeps being deleted under this write"
+                                ) from None
+                        except PayloadTooLargeError:
+                            # A cold cursor sends the whole snapshot; for a thread larger
+                            # than a WAL message, learn its snapshot once and send the
+                            # delta instead. (An append sends only its new messages:
+                            # knowing the snapshot would not help.)
+                            if primed or append or not await self._prime_snapshot(thread_id):
+                                raise
+                            primed, lost = True, 0
+                            deadline = loop.time() + self.config.checkpoint_timeout_s
                 finally:
                     cursors.unpin(thread_id)
         finally:
             self._locks.release(thread_id)
-        return CheckpointReceipt(thread_id=thread_id, thread_seq=entry.seq, stream_seq=stream_seq)
 
     async def delete_thread(self, thread_id: str) -> None:
         """Append a delete entry: the thread disappears from every read at once.

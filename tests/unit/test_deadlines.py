@@ -14,9 +14,8 @@ from buffered_store.engine.deadlines import Deadlines
 async def test_a_task_past_its_deadline_gets_timeout_error() -> None:
     deadlines = Deadlines()
     loop = asyncio.get_running_loop()
-    with pytest.raises(TimeoutError):
-        async with deadlines.at(loop.time()):
-            await asyncio.Event().wait()
+    with pytest.raises(TimeoutError), deadlines.at(loop.time()):
+        await asyncio.Event().wait()
     current = asyncio.current_task()
     assert current is not None
     assert current.cancelling() == 0  # the cancellation was ours, and is taken back
@@ -35,7 +34,7 @@ async def test_scopes_share_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loop, "call_at", counted)
     start = loop.time() + 60
     for i in range(50):
-        async with deadlines.at(start + i):
+        with deadlines.at(start + i):
             await asyncio.sleep(0)
     assert timers == [start]  # each later deadline waits behind the first timer
 
@@ -46,7 +45,7 @@ async def test_only_the_tasks_whose_time_is_up_are_cancelled() -> None:
     release = asyncio.Event()
 
     async def write(when: float) -> str:
-        async with deadlines.at(when):
+        with deadlines.at(when):
             await release.wait()
         return "written"
 
@@ -62,7 +61,7 @@ async def test_only_the_tasks_whose_time_is_up_are_cancelled() -> None:
 async def test_a_scope_left_before_its_timer_runs_cancels_nothing() -> None:
     deadlines = Deadlines()
     loop = asyncio.get_running_loop()
-    async with deadlines.at(loop.time()):
+    with deadlines.at(loop.time()):
         pass  # left within the turn: the timer has not run yet
     await asyncio.sleep(0)  # it runs now, and finds nobody
     await asyncio.sleep(0)
@@ -77,7 +76,7 @@ async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
     entered = asyncio.Event()
 
     async def write() -> None:
-        async with deadlines.at(loop.time() + 60):
+        with deadlines.at(loop.time() + 60):
             entered.set()
             await asyncio.Event().wait()
 
