@@ -179,6 +179,20 @@ def process_cpu_sources(bench: Bench, plan: SidePlan) -> dict[str, Callable[[], 
     return sources
 
 
+def add_flusher_cpu(cpu: dict[str, Any], flusher_s: float, checkpoints: int) -> None:
+    """Count the flusher process's own report (`flusher_s` CPU seconds) in a side's CPU
+    figures (`cpu_delta`): in the total, out of the machine's other processes (whose
+    busy time held it), and every figure per 1,000 checkpoints again."""
+    seconds = cpu["seconds"]
+    seconds["flusher"] = round(flusher_s, 3)
+    seconds["total"] = round(seconds["total"] + flusher_s, 3)
+    seconds["other_processes"] = round(seconds["other_processes"] - flusher_s, 3)
+    cpu["seconds_per_1k_checkpoints"] = {
+        name: round(value * 1000 / checkpoints, 4) if checkpoints else None
+        for name, value in seconds.items()
+    }
+
+
 async def sample_loop(
     bench: Bench,
     task: Any,
@@ -388,20 +402,10 @@ async def measure_phase(
 
     cpu = cpu_delta(cpu_before, cpu_after, log.count)
     if side.flusher is not None and side.flusher.cpu_s is not None:
-        flusher_s = round(side.flusher.cpu_s - side.flusher_cpu_at_start, 3)
-        cpu["seconds"]["flusher"] = flusher_s
-        cpu["seconds"]["total"] = round(cpu["seconds"]["total"] + flusher_s, 3)
-        other = cpu["seconds"]["other_processes"] - flusher_s
-        cpu["seconds"]["other_processes"] = round(other, 3)
-        cpu["seconds_per_1k_checkpoints"]["flusher"] = (
-            round(flusher_s * 1000 / log.count, 4) if log.count else None
-        )
+        add_flusher_cpu(cpu, side.flusher.cpu_s - side.flusher_cpu_at_start, log.count)
     if side.flusher_wait_at_start is not None and flusher_wait_at_end is not None:
         waited = flusher_wait_at_end - side.flusher_wait_at_start
         cpu["runqueue_wait_seconds"]["flusher"] = round(waited, 3)
-        cpu["seconds_per_1k_checkpoints"]["total"] = (
-            round(cpu["seconds"]["total"] * 1000 / log.count, 4) if log.count else None
-        )
     cpu["method"] = (
         "psutil user+system seconds of this process, the Postgres postmaster with its "
         "backends (live and exited), the nats-server and helper processes; the flusher "
