@@ -302,7 +302,7 @@ class RecentSeqs(Sequence[tuple[int, int]]):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self.json)
+        return hash(self.pairs())  # as the tuple it equals
 
     def __repr__(self) -> str:
         return f"RecentSeqs({self.pairs()!r})"

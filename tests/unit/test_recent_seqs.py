@@ -47,6 +47,7 @@ def test_equality_indexing_and_hash() -> None:
     assert made == grown
     assert hash(made) == hash(grown)
     assert made == ((1, 10), (2, 20))
+    assert hash(made) == hash(((1, 10), (2, 20)))
     assert made != RecentSeqs([(1, 10), (2, 21)])
     assert (made[0], made[-1], made[:1]) == ((1, 10), (2, 20), ((1, 10),))
     assert repr(made) == "RecentSeqs(((1, 10), (2, 20)))"
