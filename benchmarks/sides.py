@@ -184,7 +184,8 @@ def add_flusher_cpu(cpu: dict[str, Any], flusher_s: float, checkpoints: int) -> 
     figures (`cpu_delta`): in the total, out of the machine's other processes (whose
     busy time held it), and every figure per 1,000 checkpoints again."""
     seconds = cpu["seconds"]
-    seconds["flusher"] = round(flusher_s, 3)
+    flusher_s = round(flusher_s, 3)
+    seconds["flusher"] = flusher_s
     seconds["total"] = round(seconds["total"] + flusher_s, 3)
     seconds["other_processes"] = round(seconds["other_processes"] - flusher_s, 3)
     cpu["seconds_per_1k_checkpoints"] = {

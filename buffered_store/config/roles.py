@@ -177,7 +177,9 @@ class WriterSettings(Role):
 
     read_consistency: ReadConsistency = ReadConsistency.READ_YOUR_WRITES
     checkpoint_timeout_s: float = 10.0
-    """Budget of one checkpoint, retries of the publish included."""
+    """Budget of one checkpoint's write once it holds its thread's lock: the run claim,
+    retries of the publish and the hot record included (see docs/reference/configuration.md
+    for the one case that gets a second budget)."""
     drain_on_close: bool = True
     """`close()` flushes the threads this instance wrote (best effort, bounded)."""
     drain_timeout_s: float = 10.0

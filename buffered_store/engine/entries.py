@@ -129,7 +129,9 @@ class Header:
 
 
 def header_json(header: Header) -> dict[str, Any]:
-    """The header's keys of an entry's JSON object (the front-end adds its body's)."""
+    """The header's keys of an entry's JSON object (the front-end adds its body's), as
+    values for `orjson.dumps` with its default options: the time may be a `datetime`
+    (`ids.wire_time`), which orjson writes as its `isoformat()`."""
     head: dict[str, Any] = {
         "v": WIRE_VERSION,
         "t": header.thread_id,

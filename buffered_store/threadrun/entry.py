@@ -58,7 +58,8 @@ def run_json(run: RunRecord) -> tuple[bytes, orjson.Fragment]:
     if hit is not None and hit[0] is run:
         return hit[1], hit[2]
     if (
-        writes_as_iso(run.created_at)
+        type(run) is RunRecord  # a subclass may have fields or a `to_json` of its own
+        and writes_as_iso(run.created_at)
         and writes_as_iso(run.updated_at)
         and writes_as_iso(run.finished_at)
         and type(run.metadata) is dict
@@ -77,7 +78,8 @@ def thread_json(thread: Thread) -> Any:
     """What to put in a document for `orjson.dumps` to write `thread.to_json()`: the
     dataclass itself when orjson writes it the same (`writes_as_iso`), else the dict."""
     if (
-        writes_as_iso(thread.created_at)
+        type(thread) is Thread
+        and writes_as_iso(thread.created_at)
         and writes_as_iso(thread.updated_at)
         and type(thread.metadata) is dict
     ):

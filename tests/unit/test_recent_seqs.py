@@ -3,11 +3,13 @@ JSON text, advanced by byte copies; it must say exactly what the tuple of pairs 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from buffered_store.engine.entries import NO_RECENT, RecentSeqs
+from buffered_store.engine.entries import NO_RECENT, RecentSeqs, advance_head
 from buffered_store.langgraph.format import LgHot
 from buffered_store.langgraph.format import decode_hot as decode_lg_hot
 from buffered_store.langgraph.format import encode_hot as encode_lg_hot
@@ -66,3 +68,14 @@ def test_hot_records_write_the_pairs_as_before_and_read_older_records() -> None:
     lg = LgHot(seq=5, stream_seq=105, recent=recent, owner="o")
     assert orjson.loads(encode_lg_hot(lg))["r"] == [[4, 104], [5, 105]]
     assert decode_lg_hot(encode_lg_hot(lg)) == lg
+
+
+def test_advance_head_takes_a_front_ends_own_tuple_of_pairs() -> None:
+    """A front-end's hot record may keep `recent` as a tuple (`HotView` asks a sequence
+    of pairs); the engine's next head holds a `RecentSeqs` of the newest pairs."""
+    previous = SimpleNamespace(seq=2, recent=((1, 10), (2, 20)), deleted_seq=0, chain_from=1)
+    entry = SimpleNamespace(seq=3, jump=False, deletes=False)
+    head = advance_head(previous, entry, 30, window=2)
+    assert isinstance(head.recent, RecentSeqs)
+    assert head.recent.pairs() == ((2, 20), (3, 30))
+    assert (head.follows, head.chain_from) == (True, 1)

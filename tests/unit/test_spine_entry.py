@@ -26,6 +26,7 @@ from buffered_store.threadrun.entry import (
     encode_entry,
     encode_hot,
     messages_of,
+    run_json,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -235,3 +236,15 @@ def test_times_and_records_are_written_as_their_isoformat_and_to_json(
     assert decoded.thread is not None
     assert decoded.thread.created_at == at
     assert decoded.runs[0][0] == run
+
+
+def test_a_record_subclass_is_written_through_its_own_to_json() -> None:
+    """Only the records themselves go to orjson as dataclasses: a subclass may have
+    fields or a `to_json` of its own."""
+
+    class Tagged(RunRecord):
+        def to_json(self) -> dict[str, Any]:
+            return {**super().to_json(), "metadata": {"tagged": True}}
+
+    run = Tagged(run_id="r1", thread_id="t.1", agent_id="a")
+    assert orjson.loads(run_json(run)[0])["metadata"] == {"tagged": True}
