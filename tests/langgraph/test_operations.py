@@ -358,7 +358,19 @@ async def test_langgraph_flusher_exports_the_inner_store_metrics_with_its_front_
                     if s.name.startswith("bufstore_")
                 }
 
-            samples = await asyncio.to_thread(scrape)
+            # The watermark shows at the commit; the sink counts the batch once its
+            # apply returns, the flusher once its cycle takes the outcome, each a few
+            # turns of the flusher's loop later, while its metrics thread answers a
+            # scrape at any moment. A flusher descheduled right after the commit (a busy
+            # machine) is scraped with the counts apart: scrape until they agree.
+            deadline = time.monotonic() + 30
+            while True:
+                samples = await asyncio.to_thread(scrape)
+                applied = samples.get(("bufstore_flusher_entries_applied_total", "langgraph", None))
+                inner = samples.get(("bufstore_inner_applied_entries_total", "langgraph", None))
+                if (applied and applied == inner) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
         finally:
             code, err = await stop(flusher)
         assert code == 0, err[-2000:]
