@@ -333,13 +333,10 @@ def advance_head(
 ) -> HotHead:
     """The engine's part of the hot record after `entry` was stored at `stream_seq`: the
     last `window` (seq, stream seq) pairs, the latest delete, the chain's first seq."""
-    if previous is None:
-        recent = NO_RECENT.added(entry.seq, stream_seq, window)
-    else:
-        known = previous.recent
-        if not isinstance(known, RecentSeqs):
-            known = RecentSeqs(known)  # a front-end's record of its own making
-        recent = known.added(entry.seq, stream_seq, window)
+    known = previous.recent if previous is not None else NO_RECENT
+    if not isinstance(known, RecentSeqs):
+        known = RecentSeqs(known)  # a front-end's record of its own making
+    recent = known.added(entry.seq, stream_seq, window)
     follows = previous is not None and previous.seq + 1 == entry.seq and not entry.jump
     deleted_seq = entry.seq if entry.deletes else (previous.deleted_seq if previous else 0)
     chain_from = previous.chain_from if previous is not None and follows else entry.seq

@@ -62,7 +62,7 @@ def wire_time(value: datetime) -> datetime | str:
     """A datetime as a value for `orjson.dumps` to write as ``value.isoformat()``: the
     datetime itself in UTC (orjson writes the same text, in C), else that text (with
     another offset orjson may not: it drops an offset's seconds; nor a subclass)."""
-    return value if value.tzinfo is UTC and type(value) is datetime else value.isoformat()
+    return value if writes_as_iso(value) else value.isoformat()
 
 
 def writes_as_iso(value: datetime | None) -> bool:

@@ -291,19 +291,8 @@ def _same_objects(messages: Sequence[Any], previous: Sequence[bytes]) -> int:
             del sources[kept:]
     if not same:
         return 0
-    # The tail encoded again in one call and compared with its cached bytes; equal
-    # bytes hold a valid role, and orjson refused what else it cannot hold, but for a
-    # NaN or infinity put in place of a null: those are checked message by message.
-    start = max(0, kept - RECHECKED_TAIL)
-    try:
-        tail = orjson.dumps(messages[start:kept], option=_OPTS)
-    except TypeError:
+    if not _encode_as(messages, previous, max(0, kept - RECHECKED_TAIL), kept):
         return 0  # changed in place: compare by value (which names the problem)
-    if tail != b"[" + b",".join(previous[start:kept]) + b"]":
-        return 0
-    if _suspect(tail):
-        for index in range(start, kept):
-            encode_message(messages[index], index)
     return kept
 
 
@@ -321,20 +310,25 @@ def _same_values(messages: Sequence[Any], previous: Sequence[bytes]) -> int:
     """How many leading messages encode to `previous`'s (all of the common length, or
     none: one encoding of the prefix compared byte for byte)."""
     prefix = min(len(previous), len(messages))
-    if prefix == 0:
-        return 0
+    return prefix if prefix and _encode_as(messages, previous, 0, prefix) else 0
+
+
+def _encode_as(messages: Sequence[Any], previous: Sequence[bytes], start: int, stop: int) -> bool:
+    """Whether ``messages[start:stop]`` encode to ``previous[start:stop]``: one encoding
+    of them all, compared byte for byte. Equal bytes are valid messages (`previous` was
+    validated), but for a NaN or infinity where a null was (both encode as null): those
+    messages are validated again, and raise `ValidationError`."""
     try:
-        blob = orjson.dumps(list(messages[:prefix]), option=_OPTS)
+        blob = orjson.dumps(list(messages[start:stop]), option=_OPTS)
     except TypeError:
-        return 0
-    if blob != b"[" + b",".join(previous[:prefix]) + b"]":
-        return 0
+        return False
+    if blob != b"[" + b",".join(previous[start:stop]) + b"]":
+        return False
     if b"null" in blob:
-        for index in range(prefix):
-            # A cached null may now be a NaN (which also encodes as null): check those.
+        for index in range(start, stop):
             if b"null" in previous[index]:
                 encode_message(messages[index], index)
-    return prefix
+    return True
 
 
 def decode_message(data: bytes | str) -> Message:
