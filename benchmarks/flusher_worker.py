@@ -44,6 +44,7 @@ async def _open_target(database_url: str, schema: str, front_end: str) -> tuple[
 
 async def run(database_url: str, schema: str, interval_s: float, front_end: str) -> int:
     from flusher import Flusher, FlusherConfig
+    from flusher.heap import settle_heap
 
     config = FlusherConfig.from_env()
     stop = asyncio.Event()
@@ -54,6 +55,7 @@ async def run(database_url: str, schema: str, interval_s: float, front_end: str)
     inner, fmt = await _open_target(database_url, schema, front_end)
     try:
         async with Flusher(inner, config, fmt=fmt) as flusher:
+            settle_heap()  # as `bufstore flusher` does once its flusher runs
             while not stop.is_set():
                 _line(dict(flusher.stats()))
                 with contextlib.suppress(TimeoutError):

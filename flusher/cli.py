@@ -36,6 +36,7 @@ from buffered_store.nats import NatsWal
 from buffered_store.tasks import cancel_and_wait
 from buffered_store.threadrun.entry import FORMAT
 from flusher.config import FlusherConfig
+from flusher.heap import settle_heap
 from flusher.quarantine import (
     BulkReplay,
     QuarantineKind,
@@ -220,6 +221,7 @@ async def _serve(
 
         if await start_patiently(start, stop, "start the flusher") is None:
             return
+        settle_heap()  # this process is a flusher: its start-up objects are for good
         click.echo(
             f"flusher running: consumer {config.consumer_name!r} on stream "
             f"{config.stream_name!r}; Ctrl-C or SIGTERM stops it",

@@ -368,6 +368,9 @@ async def test_flusher_process_serves_metrics_and_writes_json_logs(
     events = [r["event"] for r in records]
     assert "flusher_started" in events
     assert "flusher_stopped" in events
+    # The process is a flusher: once it runs, its start-up objects are frozen.
+    settled = next(r for r in records if r["event"] == "heap_settled")
+    assert settled["frozen_objects"] > 10_000
     assert all(r["ts"] and r["level"] and r["logger"] for r in records)
     text = "".join(lines)
     assert MARKER not in text
