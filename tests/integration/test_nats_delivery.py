@@ -225,7 +225,7 @@ async def test_a_batch_completed_status_leaves_the_open_request_alone(
             subject="_INBOX.x",
             headers={Header.STATUS.value: "409", Header.DESCRIPTION.value: "Batch Completed"},
         )
-        await delivery._on_msg(status)
+        delivery._on_msg(status)
         assert delivery.pulling
         await wal.append(f"{config.stream_name}.t.x", b"m")
         got = await delivery.fetch(10, 2.0, max_bytes=1000)
