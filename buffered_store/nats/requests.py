@@ -24,6 +24,7 @@ from nats.js.api import Header
 
 from buffered_store.backoff import Backoff
 from buffered_store.nats.errors import NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS_MAX_WAIT_S
+from buffered_store.nats.publishing import Publisher
 from buffered_store.timers import EXPIRY_SLACK_S as EXPIRY_SLACK_S
 from buffered_store.timers import SharedTimer
 
@@ -86,6 +87,7 @@ class ReplyInbox:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox() + "."
+        self._publisher = Publisher(nc)
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._deadlines: SharedTimer[str] = SharedTimer(self._time_out)
         self._tokens = itertools.count()
@@ -103,7 +105,10 @@ class ReplyInbox:
         self._waiting[token] = reply
         self._deadlines.add(token, loop.time() + timeout_s)
         try:
-            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+            if headers:
+                await self._publisher.publish(subject, payload, self._prefix + token, headers)
+            else:
+                await self._nc.publish(subject, payload, reply=self._prefix + token)
             msg = await reply
         finally:
             self._waiting.pop(token, None)
