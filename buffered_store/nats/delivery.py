@@ -28,6 +28,7 @@ from nats.js.api import DEFAULT_PREFIX, Header
 from buffered_store.errors import StoreClosedError, WalUnavailableError
 from buffered_store.nats.connection import max_payload
 from buffered_store.nats.errors import raise_translated, translated
+from buffered_store.nats.publishing import Publisher
 from buffered_store.nats.requests import Dispatch
 from buffered_store.nats.scan import ack_fields
 
@@ -62,10 +63,11 @@ _HEARTBEAT = "100"
 class NatsDelivered:
     """A message delivered by the durable consumer (the engine's `Delivered`)."""
 
-    __slots__ = ("_msg", "data", "num_delivered", "stream_seq", "subject")
+    __slots__ = ("_msg", "_publisher", "data", "num_delivered", "stream_seq", "subject")
 
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Msg, publisher: Publisher | None = None) -> None:
         self._msg = msg
+        self._publisher = publisher
         self.subject: str = msg.subject
         self.data: bytes = msg.data
         # The counters straight from the reply subject: `msg.metadata` builds three
@@ -80,9 +82,15 @@ class NatsDelivered:
 
     async def ack(self) -> None:
         """Acknowledge it (`translated` as a plain ``except``: a flusher acks every
-        message it applies)."""
+        message it applies), through the delivery's `Publisher` when it has one (what
+        nats-py's `Msg.ack` sends, checked the same)."""
+        msg, publisher = self._msg, self._publisher
         try:
-            await self._msg.ack()
+            if publisher is None or not msg.reply or getattr(msg, "_ackd", True):
+                await msg.ack()  # nats-py's own checks and errors
+                return
+            await publisher.publish_empty(msg.reply)
+            msg._ackd = True
         except Exception as exc:
             raise_translated(exc, lambda: "ack")
 
@@ -114,6 +122,7 @@ class NatsDelivery:
         self._nc = nc
         self._next = f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._inbox = nc.new_inbox()
+        self._publisher = Publisher(nc)
         self._moved = moved
         self._sub: Subscription | None = None
         self._queue: collections.deque[Msg] = collections.deque()
@@ -161,7 +170,7 @@ class NatsDelivery:
     def queued(self) -> list[NatsDelivered]:
         """Messages delivered to this flusher and not fetched yet (their ack timers run:
         a flusher keeps them alive as it keeps the messages it holds)."""
-        return [NatsDelivered(msg) for msg in self._queue]
+        return [NatsDelivered(msg, self._publisher) for msg in self._queue]
 
     @property
     def pulling(self) -> bool:
@@ -211,7 +220,7 @@ class NatsDelivery:
             msg = self._queue.popleft()
             self._queued_bytes -= len(msg.data)
             size += len(msg.data)
-            taken.append(NatsDelivered(msg))
+            taken.append(NatsDelivered(msg, self._publisher))
         left = deadline - loop.time()
         short = not max_bytes or size < max_bytes
         if len(taken) < count and short and may_wait and left > 0 and not self._open(loop.time()):

@@ -11,7 +11,8 @@ with one scan each. Whatever it does not handle the same way goes through
 `Client.publish` itself: a connection that is not connected (reconnecting, draining,
 closed: nats-py's own errors and buffering apply), a payload over the server's limit,
 a name or value nats-py would change or refuse, or a client without the internals it
-uses.
+uses. A flusher's acks (`publish_empty`) take the same route: one formatted command
+instead of about 2 µs of nats-py's publish for each message it applied.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ class Publisher:
         stats["out_msgs"] += 1
         stats["out_bytes"] += len(payload)
         await nc._send_command(hpub_command(subject, reply, headers, payload))
+        flush_queue = nc._flush_queue
+        if flush_queue is not None and flush_queue.empty():
+            await nc._flush_pending()
+
+    async def publish_empty(self, subject: str) -> None:
+        """`Client.publish(subject)`: no payload, reply or headers (a consumer's ack)."""
+        nc = self._nc
+        ready = self._direct and nc.is_connected and not nc.is_draining
+        if not ready or not subject or _UNSAFE.search(subject):
+            await nc.publish(subject)
+            return
+        nc.stats["out_msgs"] += 1
+        await nc._send_command(b"PUB %s  0\r\n\r\n" % subject.encode())  # nats-py's spacing
         flush_queue = nc._flush_queue
         if flush_queue is not None and flush_queue.empty():
             await nc._flush_pending()

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from nats.aio.msg import Msg
 
 from buffered_store.config import EngineConfig
 from buffered_store.dev.services import NatsServer
@@ -42,6 +41,7 @@ from buffered_store.model.records import Message, RunRecord, Thread
 from buffered_store.model.target import FlushTarget
 from buffered_store.nats import NatsWal
 from buffered_store.nats import scan as nats_scan
+from buffered_store.nats.delivery import NatsDelivered
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
 from buffered_store.threadrun.entry import (
@@ -250,19 +250,19 @@ async def test_messages_are_acked_only_after_their_commit(
 ) -> None:
     events: list[tuple[str, int]] = []
     original_apply = type(inner).apply
-    original_ack = Msg.ack
+    original_ack = NatsDelivered.ack
 
     async def apply(self: Any, batches: Any) -> Any:
         outcomes = await original_apply(self, batches)
         events.extend(("commit", o.flushed_seq) for o in outcomes)
         return outcomes
 
-    async def ack(self: Msg) -> None:
-        events.append(("ack", int(self.metadata.sequence.stream)))
+    async def ack(self: NatsDelivered) -> None:
+        events.append(("ack", self.stream_seq))
         await original_ack(self)
 
     monkeypatch.setattr(type(inner), "apply", apply)
-    monkeypatch.setattr(Msg, "ack", ack)
+    monkeypatch.setattr(NatsDelivered, "ack", ack)
     thread = tid()
     written = [await writer.checkpoint(thread, make_messages(i)) for i in range(1, 4)]
     service = await start(flushers, inner, fconfig)

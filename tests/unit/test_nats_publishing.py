@@ -10,7 +10,10 @@ from typing import Any
 import nats.errors
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
+from buffered_store.errors import StoreError
+from buffered_store.nats.delivery import NatsDelivered
 from buffered_store.nats.publishing import Publisher, hpub_command
 
 SUBJECT, REPLY = "THREADLOG.t.dGhyZWFk", "_INBOX.abc.7"
@@ -116,3 +119,30 @@ async def test_an_idle_client_is_woken_to_write_as_publish_wakes_it() -> None:
     client._flush_pending = flush_pending  # type: ignore[method-assign]
     await Publisher(client).publish(SUBJECT, b"x", REPLY, HEADERS)
     assert flushed == [False]
+
+
+ACK_SUBJECT = "$JS.ACK.THREADLOG.flusher.1.17.9.1796000000000000000.0"
+
+
+async def test_an_ack_sends_what_nats_py_sends_for_it() -> None:
+    theirs, ours = CapturingClient(), CapturingClient()
+    await Msg(theirs, subject="THREADLOG.t.x", reply=ACK_SUBJECT).ack()
+    await Publisher(ours).publish_empty(ACK_SUBJECT)
+    assert ours.published == 0
+    assert ours.sent == theirs.sent
+    assert ours.stats["out_msgs"] == theirs.stats["out_msgs"] == 1
+
+
+async def test_a_delivered_message_acks_once_through_the_publisher() -> None:
+    client = CapturingClient()
+    delivered = NatsDelivered(
+        Msg(client, subject="THREADLOG.t.x", reply=ACK_SUBJECT), Publisher(client)
+    )
+    assert (delivered.stream_seq, delivered.num_delivered) == (17, 1)
+    await delivered.ack()
+    assert client.published == 0
+    assert client.sent == [b"PUB " + ACK_SUBJECT.encode() + b"  0\r\n\r\n"]
+    # A second ack is refused as nats-py refuses it, and sends nothing.
+    with pytest.raises(StoreError):
+        await delivered.ack()
+    assert len(client.sent) == 1
