@@ -1,7 +1,7 @@
 """Where a LangGraph step's time goes on `BufferedCheckpointSaver`'s write path.
 
 `profile_langgraph --timeline` marks the clock at each stage of a step (the task's writes,
-`aput`, the thread's group commit, the entry's encoding, nats-py's publish and socket
+`aput`, the thread's group commit, the entry's encoding, the publish and its socket
 write, the reply's arrival and parsing, the acknowledged write's bookkeeping, `aput`'s
 return) by wrapping those calls for the run, and reports the median of each stage over
 the steps that ran alone (no other step started before it ended): at a paced load, what
@@ -29,7 +29,10 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("publishing", "the entry built (drafts resolved)"),
     ("encoding", "the entry encoded"),
     ("encoded", "to the client's publish"),
-    ("published", "nats-py: to its socket write"),
+    (
+        "published",
+        "the publish (`Publisher`: the command into nats-py's buffer) to its socket write",
+    ),
     ("sending", "the socket write (system call)"),
     ("sent", "the reply arrives (loopback and nats-server)"),
     ("received", "the reply parsed and handed over (nats-py)"),
@@ -97,12 +100,12 @@ def _walk(ordered: Sequence[tuple[float, str]], first: int, stop: int) -> list[f
 def marking(marks: list[tuple[float, str]]) -> Iterator[None]:
     """Append (time, mark) to `marks` at each stage of the saver's write path while
     inside; every wrapped call is put back on the way out."""
-    import nats.aio.client
     import nats.aio.transport
 
     import buffered_store.langgraph.saver as saver_module
     from buffered_store.engine.groupcommit import GroupCommit
     from buffered_store.langgraph import BufferedCheckpointSaver
+    from buffered_store.nats.publishing import Publisher
     from buffered_store.nats.requests import Dispatch
 
     clock = time.perf_counter
@@ -151,7 +154,7 @@ def marking(marks: list[tuple[float, str]]) -> Iterator[None]:
     around(GroupCommit, "submit", "queued", when=lambda kwargs: bool(kwargs.get("urgent")))
     around(GroupCommit, "_send", "publishing", "recorded")
     around(saver_module, "encode_entry", "encoding", "encoded")
-    around(nats.aio.client.Client, "publish", "published")
+    around(Publisher, "publish", "published")
     around(nats.aio.transport.TcpTransport, "writelines", "sending", "sent")
     around(asyncio.StreamReaderProtocol, "data_received", "received")
     around(Dispatch, "set_result", "delivered")
