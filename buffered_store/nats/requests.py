@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from buffered_store.nats.errors import NO_RESPONDERS_FIRST_WAIT_S, NO_RESPONDERS
 from buffered_store.nats.publishing import Publisher
 from buffered_store.timers import EXPIRY_SLACK_S as EXPIRY_SLACK_S
 from buffered_store.timers import SharedTimer
+
+log = logging.getLogger("buffered_store.nats.requests")
 
 
 async def until_answered(send: Callable[[float], Awaitable[Msg]], budget_s: float) -> Msg:
@@ -155,7 +158,17 @@ class Dispatch(asyncio.Future[Msg]):
         self._deliver = deliver
 
     def set_result(self, result: Msg, /) -> None:
-        self._deliver(result)
+        try:
+            self._deliver(result)
+        except Exception as exc:
+            # Raised here, it would end the client's read loop, which nats-py logs and
+            # leaves ended: every later reply of the connection would be lost with it.
+            log.error(
+                "a message handler failed in the client's read loop: %r",
+                exc,
+                exc_info=exc,
+                extra={"action": "dispatch_failed", "subject": result.subject},
+            )
 
 
 class CountingConnection:

@@ -24,7 +24,7 @@ from buffered_store.engine.keys import hot_key
 from buffered_store.engine.ports import KvValue
 from buffered_store.errors import WalObjectMissingError, WalUnavailableError
 from buffered_store.nats import NatsWal
-from buffered_store.nats.requests import EXPIRY_SLACK_S, ReplyInbox, until_answered
+from buffered_store.nats.requests import EXPIRY_SLACK_S, Dispatch, ReplyInbox, until_answered
 from tests.plugins.stores import ConfigFactory, jetstream
 
 
@@ -51,6 +51,32 @@ async def test_concurrent_requests_each_get_their_own_reply(nc: Client) -> None:
         )
     )
     assert [r.data for r in replies] == [f"{i}:t{i}".encode() for i in range(60)]
+
+
+async def test_a_failing_handler_leaves_the_clients_read_loop_running(
+    nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler run in the read loop (`Dispatch`) that raises must not end the loop:
+    nats-py would log it and stop reading, and every later reply would be lost."""
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    def deliver(msg: Msg) -> None:
+        if msg.data == b"bad":
+            raise ValueError("a handler's bug")
+        got.append(msg.data)
+        arrived.set()
+
+    inbox = nc.new_inbox()
+    await nc.subscribe(inbox, future=Dispatch(asyncio.get_running_loop(), deliver))
+    for data in (b"bad", b"good"):
+        await nc.publish(inbox, data)
+    await nc.flush()
+    await asyncio.wait_for(arrived.wait(), 5)
+    assert got == [b"good"]
+    # And requests still get their replies on the same connection.
+    assert await ReplyInbox(nc).request("$JS.API.INFO", b"", None, timeout_s=5)
+    assert any(getattr(r, "action", None) == "dispatch_failed" for r in caplog.records)
 
 
 async def test_a_subject_nobody_serves_raises_no_responders(nc: Client) -> None:
