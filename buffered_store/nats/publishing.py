@@ -26,7 +26,7 @@ __all__ = ["Publisher", "hpub_command"]
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """The header names nats-py sends as they are (others it refuses)."""
-_UNSAFE = re.compile(r"[\s]")
+_UNSAFE = re.compile(r"\s")
 """What nats-py would strip or translate in a value, or refuse in a subject."""
 
 
@@ -63,30 +63,33 @@ class Publisher:
     ) -> None:
         """`Client.publish(subject, payload, reply=reply, headers=headers)`."""
         nc = self._nc
-        ready = nc.is_connected and not nc.is_draining
-        if not (self._direct and ready and self._plain(subject, reply, headers)):
+        if (
+            self._ready()
+            and len(payload) <= nc.max_payload
+            and self._plain(subject, reply, headers)
+        ):
+            await self._send(hpub_command(subject, reply, headers, payload), len(payload))
+        else:
             await nc.publish(subject, payload, reply=reply, headers=dict(headers))
-            return
-        if len(payload) > nc.max_payload:
-            await nc.publish(subject, payload, reply=reply, headers=dict(headers))  # raises
-            return
-        stats = nc.stats
-        stats["out_msgs"] += 1
-        stats["out_bytes"] += len(payload)
-        await nc._send_command(hpub_command(subject, reply, headers, payload))
-        flush_queue = nc._flush_queue
-        if flush_queue is not None and flush_queue.empty():
-            await nc._flush_pending()
 
     async def publish_empty(self, subject: str) -> None:
         """`Client.publish(subject)`: no payload, reply or headers (a consumer's ack)."""
+        if self._ready() and subject and not _UNSAFE.search(subject):
+            await self._send(b"PUB %s  0\r\n\r\n" % subject.encode(), 0)  # nats-py's spacing
+        else:
+            await self._nc.publish(subject)
+
+    def _ready(self) -> bool:
+        """The client has the internals used here and is connected (not draining)."""
         nc = self._nc
-        ready = self._direct and nc.is_connected and not nc.is_draining
-        if not ready or not subject or _UNSAFE.search(subject):
-            await nc.publish(subject)
-            return
+        return self._direct and nc.is_connected and not nc.is_draining
+
+    async def _send(self, command: bytes, payload_size: int) -> None:
+        """What nats-py's `_send_publish` does with a built command."""
+        nc = self._nc
         nc.stats["out_msgs"] += 1
-        await nc._send_command(b"PUB %s  0\r\n\r\n" % subject.encode())  # nats-py's spacing
+        nc.stats["out_bytes"] += payload_size
+        await nc._send_command(command)
         flush_queue = nc._flush_queue
         if flush_queue is not None and flush_queue.empty():
             await nc._flush_pending()
