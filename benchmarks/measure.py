@@ -342,7 +342,7 @@ class CpuMeter:
         for name, get_pid in self._pids.items():
             pid = get_pid()
             children = name in self._with_children
-            value = _process_cpu(pid, children=children) if pid else None
+            value = process_cpu(pid, children=children) if pid else None
             waited = runqueue_wait_s(pid, children=children) if pid else None
             if waited is not None:
                 apart[WAITED + name] = waited
@@ -383,6 +383,19 @@ class _GcClock:
             self.seconds += time.perf_counter() - self._started
 
 
+def settle_harness_heap() -> int:
+    """Before a measured phase: collect, then freeze what this process holds (`gc.freeze`),
+    so the phase's collections walk only the objects made from then on; returns how many
+    objects are frozen. The harness keeps every earlier side's results, timelines and
+    stores' leftovers; without this, each side would pay for walking the sides before
+    it, and the raw loop, measured first, least. The previous freeze is undone first:
+    what an earlier side left as garbage is freed, not carried into the next."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 _gc_clock: _GcClock | None = None
 
 
@@ -390,8 +403,9 @@ def gc_seconds() -> float:
     """Seconds this process spent in collections of its garbage collector since the first
     call (which installs the hook). A collection runs on the thread that triggered it,
     holding the GIL, so its wall time is this process's CPU (page faults aside). The
-    writers' histories live in the harness's heap, and each full collection walks all of
-    them: on every side alike, raw loop included."""
+    writers' histories live in the harness's heap; what a phase adds to them, each full
+    collection walks, on every side alike, raw loop included (what was there before the
+    phase is frozen: `settle_harness_heap`)."""
     global _gc_clock
     if _gc_clock is None:
         _gc_clock = _GcClock()
@@ -427,7 +441,9 @@ def machine_busy_s() -> float:
     return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
-def _process_cpu(pid: int, *, children: bool) -> float | None:
+def process_cpu(pid: int, *, children: bool) -> float | None:
+    """CPU seconds (user + system) process `pid` has used (with `children`: and its
+    children, live and reaped); None when it is gone."""
     try:
         proc = psutil.Process(pid)
         times = proc.cpu_times()

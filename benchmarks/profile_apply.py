@@ -5,7 +5,9 @@ transaction (building parameters, psycopg encoding, row conversion). Each cycle 
 every thread `--entries` new checkpoint entries (each appends `--per-step` messages of
 about `--size` bytes and bumps the thread's run) and applies them all in one `apply()`
 call, as the flusher does. It reports client CPU (`time.process_time`) per entry and per
-message row (and, apart, the CPU of decoding the fetched messages' subjects and payloads,
+message row, the CPU of the Postgres server it started (all its processes: the work
+done for the statements, and its background writers) per entry, and apart the CPU of
+decoding the fetched messages' subjects and payloads,
 `flusher.policy.classify`), which stays meaningful on a busy shared machine where wall
 time does not. After the measured applies, `--trace-cycles` more are traced on the wire
 (`wire.RoundTrips`): round trips per apply, counted without the store's help. With
@@ -49,6 +51,7 @@ from buffered_store.threadrun.entry import (
 )
 from flusher.policy import classify
 
+from .measure import process_cpu
 from .proxy import ProxyProcess, start_proxy
 from .wire import RoundTrips
 from .workload import message
@@ -140,6 +143,13 @@ async def traced_round_trips(
         counter.close()
 
 
+def server_cpu(server: PostgresServer | None) -> float | None:
+    """CPU seconds of the Postgres server this probe started, all its processes (None:
+    a server given by URL, whose processes may not be ours to read)."""
+    pid = server.pid if server is not None else None
+    return process_cpu(pid, children=True) if pid else None
+
+
 async def behind_proxy(url: str, delay_ms: float) -> tuple[str, ProxyProcess]:
     """`url` rewritten to reach its server through a delaying proxy, and the proxy."""
     parsed = make_url(url)
@@ -168,7 +178,9 @@ async def main(args: argparse.Namespace) -> None:
         try:
             writers = [Writer(i, f"probe-{i}") for i in range(args.threads)]
             await run_cycles(store, writers, args.warmup, args, None)
+            server_cpu0 = server_cpu(server)
             measured = await run_cycles(store, writers, args.cycles, args, profiler)
+            server_cpu1 = server_cpu(server)
             decode, cpu, wall, applied = measured
             round_trips = await traced_round_trips(store, writers, args)
         finally:
@@ -191,6 +203,8 @@ async def main(args: argparse.Namespace) -> None:
         f"cpu {cpu * 1e6 / applied:.1f} µs/entry, {cpu * 1e6 / rows:.1f} µs/message row; "
         f"wall {wall * 1e3 / args.cycles:.1f} ms/apply"
     )
+    if server_cpu0 is not None and server_cpu1 is not None:
+        print(f"postgres server cpu {(server_cpu1 - server_cpu0) * 1e6 / applied:.1f} µs/entry")
     print(f"decode (subject and payload) cpu {decode * 1e6 / applied:.1f} µs/entry")
     delay = f" (Postgres behind a {args.delay_ms:g} ms each way proxy)" if proxy else ""
     print(f"round trips {round_trips:.1f}/apply on the wire{delay}")

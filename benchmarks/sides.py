@@ -43,6 +43,7 @@ from .measure import (
     pg_delta,
     rate_series,
     runqueue_wait_s,
+    settle_harness_heap,
     steady_rate,
     summarize,
     wait_or_stop,
@@ -335,6 +336,7 @@ async def measure_phase(
     db, config, counters = seeded.db, seeded.config, seeded.counters
     pg_before, settled_before = seeded.snapshot or await counters.settled()
     meter = CpuMeter(process_cpu_sources(bench, plan))
+    settle_harness_heap()  # before the stores open: their objects are walked as usual
     cpu_before = meter.sample()
     log = LatencyLog()
     timeline = Timeline()

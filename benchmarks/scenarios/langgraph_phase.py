@@ -24,6 +24,7 @@ from ..measure import (
     cdf_points,
     pg_delta,
     rate_series,
+    settle_harness_heap,
     wait_or_stop,
 )
 from ..sides import flusher_waited
@@ -57,6 +58,7 @@ async def run_phase(
     timeline = Timeline()
     task = bench.task(short, total=shape.total_steps)
     flush: dict[str, Any] = {}
+    settle_harness_heap()  # before the saver opens: its objects are walked as usual
     async with open_saver(bench, side, phase, link) as opened:
         graph = build_graph(opened.saver, thinker)
         flusher_at_start = (opened.flusher.cpu_s or 0.0) if opened.flusher else 0.0

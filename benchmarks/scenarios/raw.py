@@ -15,7 +15,15 @@ import orjson
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from ..harness import Bench
-from ..measure import CpuMeter, LatencyLog, Timeline, cdf_points, cpu_delta, rate_series
+from ..measure import (
+    CpuMeter,
+    LatencyLog,
+    Timeline,
+    cdf_points,
+    cpu_delta,
+    rate_series,
+    settle_harness_heap,
+)
 from ..measure import summarize as summary
 from ..report import fmt
 from ..sides import SidePlan, run_side, sample_loop
@@ -111,6 +119,7 @@ async def run_raw(
     log = LatencyLog()
     timeline = Timeline()
     task = bench.task("raw publish + KV CAS: run", total=wl.duration_s)
+    settle_harness_heap()
     cpu_before = meter.sample()
     clock_zero = time.perf_counter()
 
