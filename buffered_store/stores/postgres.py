@@ -17,9 +17,10 @@ reads and plumbing in `postgres_reads`; this module decides what to execute):
   of threads, on the pooled psycopg connection in pipeline mode (`postgres_apply` plans,
   `postgres_pipeline` sends): BEGIN, the insert of the rows of new threads (when any) and
   the lock of every thread row of the call (the watermark gate, ``thread_id = ANY(...)``);
-  then, planned on the locked rows, every thread's gated write and COMMIT. A deadlock or
-  serialization failure runs the transaction again (`retry_in_place`); a thread whose
-  data the database rejects fails alone, and the transaction runs again without it.
+  then, planned on the locked rows, every thread's gated write (one statement for all
+  the threads whose write is one plain change) and COMMIT. A deadlock or serialization
+  failure runs the transaction again (`retry_in_place`); a thread whose data the
+  database rejects fails alone, and the transaction runs again without it.
 """
 
 from __future__ import annotations
@@ -467,8 +468,15 @@ class PostgresThreadRunStore(PostgresReads):
         try:
             results = await link.send(writing.steps)
         except psycopg.Error as error:
+            if failure_of(error) is not DbFailure.DATA:
+                raise
+            if writing.combined_at is not None and link.failed_step() == writing.combined_at:
+                # Some thread's data among those written together: run again with each
+                # thread in its own statement, which names it.
+                call.combine = False
+                return _Rerun.ISOLATED
             index = link.failed_batch()
-            if index is None or failure_of(error) is not DbFailure.DATA:
+            if index is None:
                 raise
             call.rejected[index] = (plan.rejected_outcome(call, writing, index, error), 0)
             return _Rerun.ISOLATED

@@ -8,13 +8,19 @@ number of threads:
    create (only when some batch holds a thread's first entry) and the lock of every
    thread row of the call: rows created before any lock is taken, both in code point
    order, so concurrent flushers take row locks in one global order.
-2. `writing`, planned on the locked rows (`postgres_codec.plan_batch`): per thread, in the
-   same order, the reset of a thread re-created after a delete and its gated write; the
+2. `writing`, planned on the locked rows (`postgres_codec.plan_batch`): the writes; the
    removal of the rows created for threads that are then not written (an empty row reads
-   as absent, this only tidies up); ``COMMIT``.
+   as absent, this only tidies up); ``COMMIT``. The threads whose write is one plain
+   change (`Write.combinable`, the call's only batch of the thread, not a reset, no run
+   id shared with another of them) are written together by one statement
+   (`postgres_sql.combined_write_statement`), when there are at least two; every other
+   batch gets its own statement, in thread order (after the reset of a thread re-created
+   after a delete).
 
 A statement the database rejects aborts the pipeline; `Step.batch` names the batch whose
 data it was, and the transaction runs again without that batch (`ApplyCall.rejected`).
+The combined statement names no batch: the transaction runs again with each thread in
+its own statement (`ApplyCall.combine` cleared), which names it.
 A gated write that writes nothing under the lock means another thread owns one of its
 runs: the batch fails, and `after_commit` reads the owner for the error. When such a
 refusal would leave something behind (the reset of the thread's rows, or a later batch
@@ -24,6 +30,7 @@ of the pipeline, so the transaction can be rolled back and run again without the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +134,10 @@ class ApplyCall:
     """Batches whose data the database rejected (FAILED), left out of later runs."""
     refused: dict[int, Refusal] = field(default_factory=dict)
     """Batches refused in a run that was rolled back, left out of later runs."""
+    combine: bool = True
+    """Whether `writing` may write threads in one combined statement (cleared when the
+    database rejected one: the next run writes each thread alone, which tells whose data
+    it was)."""
 
     def active(self) -> list[int]:
         """The batches the next transaction plans, in thread id order."""
@@ -208,10 +219,12 @@ class Planned:
     """A batch's write in the second pipeline."""
 
     at: int
-    """Index of its gated write among the steps."""
+    """Index of its gated write among the steps (the combined one, if `combined`)."""
     batch: codec.PlannedBatch
     base: codec.ThreadRow
     """The row it was planned on."""
+    combined: bool = False
+    """Written by the combined statement (which returns the ids of the threads it wrote)."""
 
 
 @dataclass(slots=True)
@@ -227,6 +240,8 @@ class Writing:
     vanished: bool = False
     """A batch to write found no row (another flusher removed an empty one between the
     insert and the lock): nothing is sent, the transaction runs again."""
+    combined_at: int | None = None
+    """Index of the combined statement among the steps (None: none)."""
 
 
 def writing(
@@ -240,6 +255,10 @@ def writing(
     current = dict(rows)  # the rows as this transaction leaves them so far
     active = call.active()
     last_batch = {call.thread_of(index): index for index in active}
+    batches_of = Counter(call.thread_of(index) for index in active)
+    planned_all: list[tuple[int, codec.PlannedBatch, codec.ThreadRow]] = []
+    together: list[tuple[int, codec.PlannedBatch, codec.ThreadRow]] = []
+    claimed: set[str] = set()  # run ids of the threads written together
     for index in active:
         entries = call.batches[index]
         thread_id = entries[0].thread_id
@@ -252,13 +271,38 @@ def writing(
         if row is None:
             return Writing(decided=plan.decided, vanished=True)
         write = planned.write
+        # Together: a thread's only batch of the call, written by one gated change; a
+        # run id in two of them would make the combined upsert touch a row twice.
+        if (
+            call.combine
+            and write.combinable
+            and not write.reset
+            and batches_of[thread_id] == 1
+            and claimed.isdisjoint(write.run_ids)
+        ):
+            claimed.update(write.run_ids)
+            together.append((index, planned, base))
+        planned_all.append((index, planned, base))
+        current[thread_id] = planned.after
+    if len(together) < 2:  # one thread alone is cheaper in its own statement
+        together = []
+    combined = {index for index, _, _ in together}
+    for index, planned, base in planned_all:
+        if index in combined:
+            continue
+        write = planned.write
         if write.reset:
             plan.steps.append(
-                _step(compiler, sql.RESET_THREAD, sql.bind(thread_id=thread_id), batch=index)
+                _step(compiler, sql.RESET_THREAD, sql.bind(thread_id=write.thread_id), batch=index)
             )
         plan.writes[index] = Planned(len(plan.steps), planned, base)
         plan.steps.append(_step(compiler, write.statement, write.params, batch=index))
-        current[thread_id] = planned.after
+    if together:
+        plan.combined_at = len(plan.steps)
+        params = codec.combined_write([planned.write for _, planned, _ in together])
+        plan.steps.append(_step(compiler, sql.combined_write_statement(), params, rows=True))
+        for index, planned, base in together:
+            plan.writes[index] = Planned(plan.combined_at, planned, base, combined=True)
     written = {call.thread_of(index) for index in plan.writes}
     for thread_id in sorted(created - written):
         plan.steps.append(_step(compiler, sql.DROP_EMPTY_THREAD, sql.bind(thread_id=thread_id)))
@@ -290,9 +334,13 @@ def settle(plan: Writing, results: Sequence[StepResult]) -> Settled:
     """Which gated writes wrote (their gate returned the new watermark) and which were
     refused."""
     settled = Settled()
+    together: set[str] = set()
+    if plan.combined_at is not None:
+        together = {row[0] for row in results[plan.combined_at].rows}
     for index, planned in plan.writes.items():
         write = planned.batch.write
-        if results[planned.at].rowcount:
+        wrote = write.thread_id in together if planned.combined else results[planned.at].rowcount
+        if wrote:
             outcome = ApplyOutcome(write.thread_id, ApplyStatus.APPLIED, planned.batch.last_seq)
             settled.applied[index] = (outcome, planned.batch.entries)
             settled.messages += write.messages

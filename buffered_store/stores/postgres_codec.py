@@ -132,6 +132,9 @@ class Write:
     runs: int
     run_ids: tuple[str, ...] = ()
     """Ids of the runs written (a failed gate may mean another thread owns one)."""
+    combinable: bool = False
+    """Whether `combined_write` can carry it: a live thread's change that drops no stored
+    message (a reset is a separate statement, checked by the caller)."""
 
 
 def build_write(
@@ -191,6 +194,30 @@ def build_write(
         len(change.messages),
         len(change.runs),
         tuple(change.runs),
+        combinable=not truncate,
+    )
+
+
+def combined_write(writes: Sequence[Write]) -> dict[str, Any]:
+    """The parameters of `combined_write_statement` writing `writes` (each `combinable`,
+    of distinct threads, no run id in two of them), from their own parameters: the JSON
+    texts are joined, never encoded again."""
+    params = [write.params for write in writes]
+    records = [p["p_run_records"][1:-1] for p in params if "p_run_records" in p]
+    return bind(
+        thread_ids=[p["p_thread_id"] for p in params],
+        expected_seqs=[p["p_expected_seq"] for p in params],
+        seqs=[p["p_seq"] for p in params],
+        parent_thread_ids=[p["p_parent_thread_id"] for p in params],
+        created_ats=[p["p_created_at"] for p in params],
+        updated_ats=[p["p_updated_at"] for p in params],
+        latest_run_ids=[p["p_latest_run_id"] for p in params],
+        message_counts=[p["p_message_count"] for p in params],
+        keeps=[p.get("p_keep", 0) for p in params],
+        metadatas=json_array(p["p_metadata"] for p in params),
+        messages=json_array(p.get("p_messages", "[]") for p in params),
+        run_records=json_array(r for r in records if r),
+        run_seqs=[seq for p in params for seq in p.get("p_run_seqs", ())],
     )
 
 

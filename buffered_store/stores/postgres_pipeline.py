@@ -73,6 +73,7 @@ class PipelineConnection:
             failed = next((i for i, c in enumerate(cursors) if c.pgresult is None), None)
             if failed is not None:
                 self._failed = (steps, failed)
+            self._forget_prepared()
             raise failure
         return [
             StepResult(cursor.rowcount, await cursor.fetchall() if step.rows else [])
@@ -98,13 +99,34 @@ class PipelineConnection:
             )
         return results
 
+    def _forget_prepared(self) -> None:
+        """After a pipeline the server aborted: forget which statements psycopg prepared,
+        and have it deallocate them all before its next statement.
+
+        psycopg (3.3) counts a statement as prepared once it has queued its ``Parse`` in
+        a pipeline, and does not take that back when the server skips the ``Parse``
+        because an earlier statement of the pipeline failed: the statement's next use
+        would then name a prepared statement that does not exist. Its own remedy, which
+        it applies when a ``ROLLBACK`` it tracks comes back, is to clear its cache
+        (``DEALLOCATE ALL`` goes out with the next statement); the same is done here. The
+        cache is psycopg's private ``_prepared``: without it (another psycopg), nothing
+        is done."""
+        prepared = getattr(self._pg, "_prepared", None)
+        clear = getattr(prepared, "clear", None)
+        if callable(clear):
+            clear()
+
     def failed_batch(self) -> int | None:
         """The batch whose statement failed in the last `send` (None: none did, or the
-        statement was the transaction's own)."""
+        statement was the transaction's own, or several batches')."""
         if self._failed is None:
             return None
         steps, index = self._failed
         return steps[index].batch
+
+    def failed_step(self) -> int | None:
+        """Index of the statement that failed in the last `send` (None: none did)."""
+        return None if self._failed is None else self._failed[1]
 
     async def execute(self, step: Step) -> None:
         """Execute one statement on its own (one round trip)."""

@@ -361,3 +361,170 @@ def write_statement(*, live: bool, messages_: bool, truncate: bool, runs_: bool)
         .returning(threads.c.flushed_seq)
     )
     return stmt.add_cte(*ctes) if ctes else stmt
+
+
+# -- the writes of many threads in one statement -------------------------------------------
+
+_COMBINED_INPUT = (
+    func.unnest(
+        _p("thread_ids", _TEXT_ARRAY),
+        _p("expected_seqs", ARRAY(BigInteger)),
+        _p("seqs", ARRAY(BigInteger)),
+        _p("parent_thread_ids", _TEXT_ARRAY),
+        _p("created_ats", ARRAY(TSTZ)),
+        _p("updated_ats", ARRAY(TSTZ)),
+        _p("latest_run_ids", _TEXT_ARRAY),
+        _p("message_counts", ARRAY(Integer)),
+        _p("keeps", ARRAY(Integer)),
+    )
+    .table_valued(
+        column("thread_id", Text),
+        column("expected_seq", BigInteger),
+        column("seq", BigInteger),
+        column("parent_thread_id", Text),
+        column("created_at", TSTZ),
+        column("updated_at", TSTZ),
+        column("latest_run_id", Text),
+        column("message_count", Integer),
+        column("keep", Integer),
+        with_ordinality="ordinal",
+    )
+    .render_derived(name="given")
+)
+
+
+@functools.cache
+def combined_write_statement() -> Update:
+    """The writes of many threads in one statement: what `write_statement` does for one
+    live thread that neither truncates nor is reset, for every thread of the arrays at
+    once (the arrays line up: one element per thread; `metadatas` and `messages` are one
+    JSON array each, a thread's metadata object and its array of new messages at the
+    thread's position; `run_records` and `run_seqs` the runs of all of them, each
+    record naming its thread). Each thread is gated on its own expected watermark and on
+    no other thread owning one of its runs; it returns the id of every thread it wrote
+    (a thread it does not return wrote nothing). A thread may appear once, and a run id
+    once."""
+    # Each JSON parameter is parsed once, in a CTE; a cast in a correlated subquery would
+    # parse the whole text again for every thread.
+    per_thread = [
+        func.jsonb_array_elements(cast(_p(name), JSONB))
+        .table_valued(column("value", JSONB), with_ordinality="ordinal")
+        .render_derived(name=f"given_{name}")
+        for name in ("messages", "metadatas")
+    ]
+    given = (
+        select(
+            *_COMBINED_INPUT.c,
+            per_thread[0].c.value.label("messages"),
+            per_thread[1].c.value.label("metadata"),
+        )
+        .select_from(
+            _COMBINED_INPUT.join(
+                per_thread[0], per_thread[0].c.ordinal == _COMBINED_INPUT.c.ordinal
+            ).join(per_thread[1], per_thread[1].c.ordinal == _COMBINED_INPUT.c.ordinal)
+        )
+        .cte("given")
+    )
+    run_rows = (
+        func.jsonb_array_elements(cast(_p("run_records"), JSONB))
+        .table_valued(column("record", JSONB), with_ordinality="ordinal")
+        .render_derived(name="run_rows")
+    )
+    new_runs = select(run_rows.c.record, run_rows.c.ordinal).cte("new_runs")
+    owned_elsewhere = (
+        select(runs.c.run_id)
+        .select_from(new_runs.join(runs, runs.c.run_id == new_runs.c.record["run_id"].astext))
+        .where(
+            new_runs.c.record["thread_id"].astext == given.c.thread_id,
+            runs.c.thread_id != given.c.thread_id,
+        )
+    )
+    gate = (
+        select(given.c.thread_id)
+        .select_from(given.join(threads, threads.c.thread_id == given.c.thread_id))
+        .where(threads.c.flushed_seq == given.c.expected_seq, ~owned_elsewhere.exists())
+        .with_for_update(of=threads)
+        .cte("gate")
+    )
+    gated = given.c.thread_id.in_(select(gate.c.thread_id))
+
+    rows = (
+        func.jsonb_array_elements(given.c.messages)
+        .table_valued(column("message", JSONB), with_ordinality="position")
+        .render_derived(name="new_messages")
+    )
+    message_source = (
+        select(
+            given.c.thread_id,
+            cast(given.c.keep + rows.c.position - 1, Integer),
+            rows.c.message["role"].astext,
+            rows.c.message,
+            given.c.seq,
+        )
+        .select_from(given)
+        .join(rows, literal_column("true"))
+        .where(gated)
+    )
+    insert_messages = pg_insert(messages).from_select(
+        ["thread_id", "position", "role", "message", "thread_seq"], message_source
+    )
+    written_messages = insert_messages.on_conflict_do_update(
+        constraint="messages_pkey",
+        set_={
+            "role": insert_messages.excluded.role,
+            "message": insert_messages.excluded.message,
+            "thread_seq": insert_messages.excluded.thread_seq,
+        },
+        where=messages.c.message.is_distinct_from(insert_messages.excluded.message),
+    ).cte("written_messages")
+
+    record = new_runs.c.record
+    run_thread = record["thread_id"].astext
+
+    def field(name: str, type_: Any = None) -> Any:
+        value = record[name].astext
+        return value if type_ is None else cast(value, type_)
+
+    run_source = select(
+        field("run_id"),
+        run_thread,
+        field("agent_id"),
+        field("status"),
+        field("parent_run_id"),
+        field("created_at", TSTZ),
+        field("updated_at", TSTZ),
+        field("finished_at", TSTZ),
+        field("steps", Integer),
+        field("input_tokens", BigInteger),
+        field("output_tokens", BigInteger),
+        record,
+        Grouping(_p("run_seqs", ARRAY(BigInteger)))[new_runs.c.ordinal],
+    ).where(run_thread.in_(select(gate.c.thread_id)))
+    run_source = run_source.select_from(new_runs)
+    names = [c.name for c in runs.columns]
+    insert_runs = pg_insert(runs).from_select(names, run_source)
+    written_runs = insert_runs.on_conflict_do_update(
+        index_elements=[runs.c.run_id],
+        set_={name: insert_runs.excluded[name] for name in names if name != "run_id"},
+        where=and_(
+            runs.c.thread_id == insert_runs.excluded.thread_id,
+            runs.c.thread_seq <= insert_runs.excluded.thread_seq,
+        ),
+    ).cte("written_runs")
+
+    stmt = (
+        update(threads)
+        .where(threads.c.thread_id == given.c.thread_id, gated)
+        .values(
+            flushed_seq=given.c.seq,
+            parent_thread_id=given.c.parent_thread_id,
+            metadata=given.c.metadata,
+            created_at=given.c.created_at,
+            updated_at=given.c.updated_at,
+            latest_run_id=given.c.latest_run_id,
+            message_count=given.c.message_count,
+            deleted_at=null(),
+        )
+        .returning(threads.c.thread_id)
+    )
+    return stmt.add_cte(written_messages, written_runs)

@@ -167,8 +167,10 @@ async def test_a_thread_whose_data_postgres_rejects_fails_alone_for_one_more_tra
         assert (failed.thread_id, failed.retriable, failed.flushed_seq) == (bad.thread_id, False, 0)
         expected = "UntranslatableCharacter" if "22P05" in kind else "ProgramLimitExceeded"
         assert expected in (failed.error or "")
-        # The first transaction found the culprit; the second, without it, committed.
-        assert delta(store, before, "round_trips", "transactions", "conflict_retries") == [4, 1, 0]
+        # The first transaction wrote the threads together and was rejected; the second,
+        # each thread in its own statement, found the culprit; the third, without it,
+        # committed (together again).
+        assert delta(store, before, "round_trips", "transactions", "conflict_retries") == [6, 1, 0]
         assert await store.flushed_seqs([bad.thread_id, "t00", "t07"]) == {
             bad.thread_id: 0,
             "t00": 2,
@@ -195,7 +197,9 @@ async def test_each_rejected_thread_costs_one_more_transaction(
         before = store.stats()
         outcomes = await store.apply(batches)
         assert [o.status.value for o in outcomes] == ["failed"] + ["applied"] * 4 + ["failed"]
-        assert delta(store, before, "round_trips", "transactions") == [6, 1]
+        # Together, rejected; then one thread per statement: each rejected thread found by
+        # one transaction; the last commits.
+        assert delta(store, before, "round_trips", "transactions") == [8, 1]
 
 
 async def test_a_rejected_statement_early_in_a_pipeline_logs_nothing(

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import orjson
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
@@ -236,8 +237,10 @@ def test_refused_writes_name_the_owner_after_the_commit() -> None:
     rows = {t: ThreadRow(t, 0, 0, None) for t in ("thief", "other")}
     writing = plan.writing(call, rows, {"thief", "other"}, COMPILER)
     assert writing.commit
-    # "other" sorts first: its write is the first step; the thief's gate refuses.
-    results = [plan.StepResult(1, []), plan.StepResult(0, []), plan.StepResult(0, [])]
+    # Both written by the combined statement, which returns only "other": the thief's
+    # gate refused.
+    assert writing.combined_at == 0
+    results = [plan.StepResult(1, [("other",)]), plan.StepResult(0, [])]
     settled = plan.settle(writing, results)
     assert list(settled.applied) == [1]
     assert settled.refused == [plan.Refusal(0, "thief", 0, ("shared",))]
@@ -277,3 +280,88 @@ def test_a_rolled_back_run_leaves_out_the_first_refusal_of_each_thread() -> None
         plan.Refusal(1, "b", 0, ("other",)),
     ]
     assert plan.to_leave_out(refusals) == [refusals[0], refusals[2]]
+
+
+# -- threads written together --------------------------------------------------------------
+
+
+def test_threads_with_one_plain_batch_each_are_written_by_one_statement() -> None:
+    chains = [Chain(t) for t in ("b", "a", "c")]
+    call = call_of(*([c.checkpoint(2, run_id=f"run-{c.thread_id}")] for c in chains))
+    rows = {c.thread_id: ThreadRow(c.thread_id, 0, 0, None) for c in chains}
+    writing = plan.writing(call, rows, set(), COMPILER)
+    assert [step.sql for step in writing.steps] == [
+        sql_of(sql.combined_write_statement()),
+        b"COMMIT",
+    ]
+    assert writing.combined_at == 0
+    assert writing.steps[0].rows
+    params = writing.steps[0].params
+    assert params is not None
+    # One element per thread, in thread id order; the JSON texts joined as they are.
+    assert params["p_thread_ids"] == ["a", "b", "c"]
+    assert params["p_expected_seqs"] == [0, 0, 0]
+    assert params["p_seqs"] == [1, 1, 1]
+    assert params["p_message_counts"] == [2, 2, 2]
+    assert params["p_keeps"] == [0, 0, 0]
+    messages = orjson.loads(params["p_messages"])
+    assert messages == [[{"role": "user", "content": f"m{i}"} for i in range(2)]] * 3
+    runs = orjson.loads(params["p_run_records"])
+    assert [(r["run_id"], r["thread_id"]) for r in runs] == [
+        ("run-a", "a"),
+        ("run-b", "b"),
+        ("run-c", "c"),
+    ]
+    assert params["p_run_seqs"] == [1, 1, 1]
+    assert orjson.loads(params["p_metadatas"]) == [{}, {}, {}]
+    # The statement returns the threads it wrote: one not returned was refused.
+    settled = plan.settle(writing, [plan.StepResult(2, [("a",), ("c",)]), plan.StepResult(0, [])])
+    assert sorted(o.thread_id for o, _ in settled.applied.values()) == ["a", "c"]
+    assert [r.thread_id for r in settled.refused] == ["b"]
+    assert (settled.messages, settled.runs) == (4, 2)
+
+
+def test_what_one_statement_cannot_write_is_written_alone() -> None:
+    twice, reset, shrink, clash, plain = (Chain(t) for t in ("d", "e", "f", "g", "h"))
+    twice_batches = [twice.checkpoint(1, run_id="rd")], [twice.checkpoint(2, run_id="rd")]
+    reset.checkpoint(2, run_id="re")
+    reset_batch = [reset.delete(), reset.checkpoint(1, run_id="re2")]
+    shrink.checkpoint(3, run_id="rf")
+    shrunk = shrink.checkpoint(1, run_id="rf")  # fewer messages than stored: a truncation
+    call = call_of(
+        *twice_batches,
+        reset_batch,
+        [shrunk],
+        [clash.checkpoint(1, run_id="shared")],
+        [plain.checkpoint(1, run_id="shared")],  # the same run id as "g": alone
+        [Chain("i").checkpoint(1, run_id="ri")],
+    )
+    rows = {
+        "d": ThreadRow("d", 0, 0, None),
+        "e": ThreadRow("e", 1, 2, None),
+        "f": ThreadRow("f", 1, 3, None),
+        "g": ThreadRow("g", 0, 0, None),
+        "h": ThreadRow("h", 0, 0, None),
+        "i": ThreadRow("i", 0, 0, None),
+    }
+    writing = plan.writing(call, rows, set(), COMPILER)
+    combined = [i for i, p in writing.writes.items() if p.combined]
+    assert sorted(call.thread_of(i) for i in combined) == ["g", "i"]
+    alone = sorted(call.thread_of(i) for i, p in writing.writes.items() if not p.combined)
+    assert alone == ["d", "d", "e", "f", "h"]
+    assert writing.combined_at is not None
+    assert writing.steps[writing.combined_at].params["p_thread_ids"] == ["g", "i"]  # type: ignore[index]
+    # Cleared after the database rejected a combined statement: each thread alone.
+    call.combine = False
+    writing = plan.writing(call, rows, set(), COMPILER)
+    assert writing.combined_at is None
+    assert not any(p.combined for p in writing.writes.values())
+
+
+def test_a_single_thread_is_written_by_its_own_statement() -> None:
+    chain = Chain("t")
+    writing = plan.writing(
+        call_of([chain.checkpoint(1)]), {"t": ThreadRow("t", 0, 0, None)}, set(), COMPILER
+    )
+    assert writing.combined_at is None
+    assert writing.steps[0].batch == 0
