@@ -220,6 +220,40 @@ async def test_a_rejected_statement_early_in_a_pipeline_logs_nothing(
 # -- gates refused under the lock: a run of another thread ----------------------------------
 
 
+async def test_a_thread_written_together_that_claims_another_threads_run_fails_alone(
+    open_postgres: Any, database_url: str, schema_name: str
+) -> None:
+    """Three new threads in one combined statement, one of them claiming a run another
+    thread owns: its gate refuses it alone; the others commit in the same transaction."""
+    store = await open_postgres()
+    owner = Chain("owner")
+    await store.apply([[owner.checkpoint(msgs(1), "shared")]])
+    good, thief, other = Chain("a"), Chain("b"), Chain("c")
+    batches = [
+        [good.checkpoint(msgs(2), "run-a")],
+        [thief.checkpoint(msgs(2), "shared")],
+        [other.checkpoint(msgs(3), "run-c")],
+    ]
+    before = store.stats()
+    outcomes = await store.apply(batches)
+    assert [o.status for o in outcomes] == [
+        ApplyStatus.APPLIED,
+        ApplyStatus.FAILED,
+        ApplyStatus.APPLIED,
+    ]
+    assert "RunOwnershipError" in (outcomes[1].error or "")
+    assert "'owner'" in (outcomes[1].error or "")
+    # Two round trips, one transaction, then the owner read (and the empty row removed).
+    assert delta(store, before, "round_trips", "transactions", "statements") == [3, 1, 5]
+    assert await store.load_messages("a") == msgs(2)
+    assert await store.load_messages("c") == msgs(3)
+    assert await store.flushed_seqs(["a", "b", "c"]) == {"a": 1, "b": 0, "c": 1}
+    assert [r.run_id for r in await store.list_runs("owner")] == ["shared"]
+    assert [r.run_id for r in await store.list_runs("a")] == ["run-a"]
+    rows = await query(database_url, f'SELECT thread_id FROM "{schema_name}".threads')
+    assert sorted(row[0] for row in rows) == ["a", "c", "owner"]  # b's empty row removed
+
+
 async def test_a_refused_recreation_leaves_the_thread_as_it_was(open_postgres: Any) -> None:
     store = await open_postgres()
     owner, thread = Chain("owner"), Chain("t")
