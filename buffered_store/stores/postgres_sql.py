@@ -251,6 +251,12 @@ def _upsert_messages(gated: Exists) -> Any:
         rows.c.message,
         _p("seq", BigInteger),
     ).where(gated)
+    return _write_messages(source)
+
+
+def _write_messages(source: Select[Any]) -> Any:
+    """Upsert the message rows `source` selects (thread id, position, role, message,
+    seq), as the ``written_messages`` CTE."""
     stmt = pg_insert(messages).from_select(
         ["thread_id", "position", "role", "message", "thread_seq"], source
     )
@@ -274,14 +280,18 @@ def _upsert_runs(gated: Exists) -> Any:
         .table_valued(column("record", JSONB), with_ordinality="ordinal")
         .render_derived(name="new_runs")
     )
-    record = rows.c.record
     seq = Grouping(_p("run_seqs", ARRAY(BigInteger)))[rows.c.ordinal]
+    return _write_runs(select(*_run_columns(rows.c.record, seq)).where(gated))
+
+
+def _run_columns(record: Any, seq: Any) -> list[Any]:
+    """The columns of a `runs` row, in table order, from its JSON `record` and `seq`."""
 
     def field(name: str, type_: Any = None) -> Any:
         value = record[name].astext
         return value if type_ is None else cast(value, type_)
 
-    source = select(
+    return [
         field("run_id"),
         field("thread_id"),
         field("agent_id"),
@@ -295,7 +305,12 @@ def _upsert_runs(gated: Exists) -> Any:
         field("output_tokens", BigInteger),
         record,
         seq,
-    ).where(gated)
+    ]
+
+
+def _write_runs(source: Select[Any]) -> Any:
+    """Upsert the run rows `source` selects (`_run_columns`), as the ``written_runs``
+    CTE."""
     names = [c.name for c in runs.columns]
     stmt = pg_insert(runs).from_select(names, source)
     return stmt.on_conflict_do_update(
@@ -465,52 +480,14 @@ def combined_write_statement() -> Update:
         .join(rows, literal_column("true"))
         .where(gated)
     )
-    insert_messages = pg_insert(messages).from_select(
-        ["thread_id", "position", "role", "message", "thread_seq"], message_source
+    written_messages = _write_messages(message_source)
+    seq = Grouping(_p("run_seqs", ARRAY(BigInteger)))[new_runs.c.ordinal]
+    run_source = (
+        select(*_run_columns(new_runs.c.record, seq))
+        .select_from(new_runs)
+        .where(new_runs.c.record["thread_id"].astext.in_(select(gate.c.thread_id)))
     )
-    written_messages = insert_messages.on_conflict_do_update(
-        constraint="messages_pkey",
-        set_={
-            "role": insert_messages.excluded.role,
-            "message": insert_messages.excluded.message,
-            "thread_seq": insert_messages.excluded.thread_seq,
-        },
-        where=messages.c.message.is_distinct_from(insert_messages.excluded.message),
-    ).cte("written_messages")
-
-    record = new_runs.c.record
-    run_thread = record["thread_id"].astext
-
-    def field(name: str, type_: Any = None) -> Any:
-        value = record[name].astext
-        return value if type_ is None else cast(value, type_)
-
-    run_source = select(
-        field("run_id"),
-        run_thread,
-        field("agent_id"),
-        field("status"),
-        field("parent_run_id"),
-        field("created_at", TSTZ),
-        field("updated_at", TSTZ),
-        field("finished_at", TSTZ),
-        field("steps", Integer),
-        field("input_tokens", BigInteger),
-        field("output_tokens", BigInteger),
-        record,
-        Grouping(_p("run_seqs", ARRAY(BigInteger)))[new_runs.c.ordinal],
-    ).where(run_thread.in_(select(gate.c.thread_id)))
-    run_source = run_source.select_from(new_runs)
-    names = [c.name for c in runs.columns]
-    insert_runs = pg_insert(runs).from_select(names, run_source)
-    written_runs = insert_runs.on_conflict_do_update(
-        index_elements=[runs.c.run_id],
-        set_={name: insert_runs.excluded[name] for name in names if name != "run_id"},
-        where=and_(
-            runs.c.thread_id == insert_runs.excluded.thread_id,
-            runs.c.thread_seq <= insert_runs.excluded.thread_seq,
-        ),
-    ).cte("written_runs")
+    written_runs = _write_runs(run_source)
 
     stmt = (
         update(threads)
