@@ -11,8 +11,8 @@ number of threads:
 2. `writing`, planned on the locked rows (`postgres_codec.plan_batch`): the writes; the
    removal of the rows created for threads that are then not written (an empty row reads
    as absent, this only tidies up); ``COMMIT``. The threads whose write is one plain
-   change (`Write.combinable`, the call's only batch of the thread, not a reset, no run
-   id shared with another of them) are written together by one statement
+   change (`Write.combinable`: no reset, no rows dropped; the call's only batch of the
+   thread, no run id shared with another of them) are written together by one statement
    (`postgres_sql.combined_write_statement`), when there are at least two; every other
    batch gets its own statement, in thread order (after the reset of a thread re-created
    after a delete).
@@ -257,7 +257,7 @@ def writing(
     last_batch = {call.thread_of(index): index for index in active}
     batches_of = Counter(call.thread_of(index) for index in active)
     planned_all: list[tuple[int, codec.PlannedBatch, codec.ThreadRow]] = []
-    together: list[tuple[int, codec.PlannedBatch, codec.ThreadRow]] = []
+    together: dict[int, tuple[codec.PlannedBatch, codec.ThreadRow]] = {}
     claimed: set[str] = set()  # run ids of the threads written together
     for index in active:
         entries = call.batches[index]
@@ -276,19 +276,17 @@ def writing(
         if (
             call.combine
             and write.combinable
-            and not write.reset
             and batches_of[thread_id] == 1
             and claimed.isdisjoint(write.run_ids)
         ):
             claimed.update(write.run_ids)
-            together.append((index, planned, base))
+            together[index] = (planned, base)
         planned_all.append((index, planned, base))
         current[thread_id] = planned.after
     if len(together) < 2:  # one thread alone is cheaper in its own statement
-        together = []
-    combined = {index for index, _, _ in together}
+        together = {}
     for index, planned, base in planned_all:
-        if index in combined:
+        if index in together:
             continue
         write = planned.write
         if write.reset:
@@ -299,9 +297,9 @@ def writing(
         plan.steps.append(_step(compiler, write.statement, write.params, batch=index))
     if together:
         plan.combined_at = len(plan.steps)
-        params = codec.combined_write([planned.write for _, planned, _ in together])
+        params = codec.combined_write([planned.write for planned, _ in together.values()])
         plan.steps.append(_step(compiler, sql.combined_write_statement(), params, rows=True))
-        for index, planned, base in together:
+        for index, (planned, base) in together.items():
             plan.writes[index] = Planned(plan.combined_at, planned, base, combined=True)
     written = {call.thread_of(index) for index in plan.writes}
     for thread_id in sorted(created - written):

@@ -134,7 +134,7 @@ class Write:
     """Ids of the runs written (a failed gate may mean another thread owns one)."""
     combinable: bool = False
     """Whether `combined_write` can carry it: a live thread's change that drops no stored
-    message (a reset is a separate statement, checked by the caller)."""
+    message and is no reset (which needs its own statement first)."""
 
 
 def build_write(
@@ -194,7 +194,7 @@ def build_write(
         len(change.messages),
         len(change.runs),
         tuple(change.runs),
-        combinable=not truncate,
+        combinable=not truncate and not reset,
     )
 
 
