@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol, TypeVar, runtime_checkable
 
 from buffered_store.engine.entries import Entry
+from buffered_store.errors import RunOwnershipError
 
 E_contra = TypeVar("E_contra", bound=Entry, contravariant=True)
 
@@ -44,6 +45,26 @@ class ApplyOutcome:
     """For FAILED: what went wrong (the thread's entries stay unacknowledged)."""
     retriable: bool = True
     """For FAILED: whether the same entries may apply later (False: data problem)."""
+    waits_for: str | None = None
+    """For FAILED: another thread whose unflushed entries may be what refuses this one
+    (the owner of a run the batch names: the owner's delete, still in the WAL, frees the
+    run). Once that thread is flushed the same entries may apply (`flush_thread` does
+    that; the flusher's retries of a refused thread give it the time)."""
+
+
+def failed_outcome(
+    thread_id: str, watermark: int, exc: BaseException, *, retriable: bool
+) -> ApplyOutcome:
+    """The FAILED outcome of an exception, naming the run's owner as `waits_for` when
+    the batch was refused a run another thread owns."""
+    return ApplyOutcome(
+        thread_id,
+        ApplyStatus.FAILED,
+        watermark,
+        error=f"{type(exc).__name__}: {exc}",
+        retriable=retriable,
+        waits_for=exc.owner_thread_id if isinstance(exc, RunOwnershipError) else None,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,6 +8,7 @@ checked against the watermark inside the target, then the KV `flushed` mark is r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -383,8 +384,16 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     """Apply every entry of the thread acknowledged so far; return the flushed seq.
 
     Works without any flusher running; safe against concurrent flushers (the target
-    checks the watermark inside its transaction).
+    checks the watermark inside its transaction). A thread refused because another
+    thread still holds what it needs in the target (`ApplyOutcome.waits_for`: a run whose
+    owner's delete is still in the WAL) flushes that thread first, once, and tries again.
     """
+    return await _flush_thread(log_, target, thread_id, waiting=frozenset())
+
+
+async def _flush_thread(
+    log_: ThreadLog[E, H], target: FlushSink[E], thread_id: str, *, waiting: frozenset[str]
+) -> int:
     hot, upto = await log_.latest(thread_id)
     for attempt in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
@@ -403,6 +412,12 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
         if outcome.status is ApplyStatus.FAILED:
+            first = outcome.waits_for
+            if first is not None and first != thread_id and first not in waiting:
+                waiting |= {thread_id, first}
+                with contextlib.suppress(FlushFailedError):  # this thread's error tells
+                    await _flush_thread(log_, target, first, waiting=waiting)
+                continue
             raise FlushFailedError(
                 f"flushing thread {thread_id!r} failed: {outcome.error}",
                 thread_id=thread_id,

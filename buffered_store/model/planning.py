@@ -57,6 +57,26 @@ def plan_entries(entries: Iterable[WalEntry], flushed_seq: int) -> Plan:
     return Plan(PlanStatus.APPLY, tuple(chain))
 
 
+def deletes_first(batches: Sequence[Sequence[WalEntry]]) -> tuple[list[int], list[int]]:
+    """The indexes of one apply call's batches in two groups to write one after the other:
+    the threads holding a delete, then the rest, each thread's batches in their order.
+
+    A run the deleted thread owned may be taken over by another thread of the same call
+    (the writer allowed it because the delete came first in the WAL): the delete must
+    free it before the other thread writes it.
+    """
+    deleting = {
+        batch[0].thread_id
+        for batch in batches
+        if any(entry.kind is EntryKind.DELETE for entry in batch)
+    }
+    first: list[int] = []
+    rest: list[int] = []
+    for index, batch in enumerate(batches):
+        (first if batch and batch[0].thread_id in deleting else rest).append(index)
+    return first, rest
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ThreadChange:
     """The net effect of consecutive entries of one thread on its stored state."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_outcome
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.errors import CorruptEntryError, StoreClosedError, ValidationError
 from buffered_store.model.changes import (
@@ -35,7 +35,13 @@ from buffered_store.model.checkpointing import (
     validate_checkpoint,
 )
 from buffered_store.model.messages import decode_message
-from buffered_store.model.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.model.planning import (
+    PlanStatus,
+    ThreadChange,
+    coalesce,
+    deletes_first,
+    plan_entries,
+)
 from buffered_store.model.records import (
     CheckpointReceipt,
     Message,
@@ -271,11 +277,15 @@ class InMemoryThreadRunStore:
         """Apply each thread's entries against its watermark (see `FlushTarget.apply`).
 
         Each batch is planned, coalesced and validated before anything of it is written,
-        so a FAILED thread leaves no trace; the other batches are unaffected.
+        so a FAILED thread leaves no trace; the other batches are unaffected. The batches
+        holding a delete go first: another thread of the call may take one of the deleted
+        thread's runs over (as `PostgresThreadRunStore` orders them).
         """
         self._check_open()
         self.apply_calls += 1
-        return [self._apply_batch(batch) for batch in batches]
+        first, rest = deletes_first(batches)
+        outcomes = {index: self._apply_batch(batches[index]) for index in [*first, *rest]}
+        return [outcomes[index] for index in range(len(batches))]
 
     async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
         """The stored thread and its watermark (messages: [] when the thread is absent)."""
@@ -376,9 +386,9 @@ class InMemoryThreadRunStore:
             )
         except (ValidationError, CorruptEntryError) as exc:
             # The thread's data is refused: its outcome says so; other threads go on.
-            return _failed(thread_id, watermark, exc, retriable=exc.retriable)
+            return failed_outcome(thread_id, watermark, exc, retriable=exc.retriable)
         except (TypeError, ValueError) as exc:
-            return _failed(thread_id, watermark, exc, retriable=False)
+            return failed_outcome(thread_id, watermark, exc, retriable=False)
         self._commit(write)
         self.thread_applications += 1
         self.applied_entries += len(plan.entries)
@@ -439,16 +449,6 @@ class InMemoryThreadRunStore:
         # `_prepare` refused runs owned by other threads, so none moves here.
         self._runs.update(write.runs)
         self._threads[write.thread_id] = write.slot
-
-
-def _failed(thread_id: str, watermark: int, exc: Exception, *, retriable: bool) -> ApplyOutcome:
-    return ApplyOutcome(
-        thread_id,
-        ApplyStatus.FAILED,
-        watermark,
-        error=f"{type(exc).__name__}: {exc}",
-        retriable=retriable,
-    )
 
 
 def _check_status(status: object) -> RunStatus | None:

@@ -13,9 +13,11 @@ number of threads:
    as absent, this only tidies up); ``COMMIT``. The threads whose write is one plain
    change (`Write.combinable`: no reset, no rows dropped; the call's only batch of the
    thread, no run id shared with another of them) are written together by one statement
-   (`postgres_sql.combined_write_statement`), when there are at least two; every other
-   batch gets its own statement, in thread order (after the reset of a thread re-created
-   after a delete).
+   (`postgres_sql.combined_write_statement`), when there are at least two, after every
+   other batch; every other batch gets its own statement (after the reset of a thread
+   re-created after a delete), in thread order, the threads holding a delete first
+   (`planning.deletes_first`: another thread of the call may take one of their runs
+   over).
 
 A statement the database rejects aborts the pipeline; `Step.batch` names the batch whose
 data it was, and the transaction runs again without that batch (`ApplyCall.rejected`).
@@ -43,6 +45,7 @@ from buffered_store.model.changes import (
     WalEntry,
 )
 from buffered_store.model.checkpointing import run_owned_elsewhere
+from buffered_store.model.planning import deletes_first
 from buffered_store.stores import postgres_codec as codec
 from buffered_store.stores import postgres_sql as sql
 from buffered_store.stores.postgres_compiled import StatementCompiler
@@ -285,6 +288,10 @@ def writing(
         current[thread_id] = planned.after
     if len(together) < 2:  # one thread alone is cheaper in its own statement
         together = {}
+    # The threads holding a delete first, each thread's batches kept in order: a run a
+    # deleted thread owned may be taken over by another thread of the same call.
+    deleting = set(deletes_first(call.batches)[0])
+    planned_all.sort(key=lambda item: item[0] not in deleting)
     for index, planned, base in planned_all:
         if index in together:
             continue

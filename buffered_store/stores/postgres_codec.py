@@ -19,7 +19,7 @@ import orjson
 from sqlalchemy import Update
 from sqlalchemy.engine import Row
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_outcome
 from buffered_store.engine.ids import check_id
 from buffered_store.errors import CorruptEntryError, ValidationError
 from buffered_store.model.changes import (
@@ -267,10 +267,4 @@ def plan_batch(entries: Sequence[WalEntry], row: ThreadRow) -> PlannedBatch | Ap
 
 def failed(thread_id: str, watermark: int, exc: BaseException) -> ApplyOutcome:
     """A FAILED outcome for a data problem: retrying the same entries cannot help."""
-    return ApplyOutcome(
-        thread_id,
-        ApplyStatus.FAILED,
-        watermark,
-        error=f"{type(exc).__name__}: {exc}",
-        retriable=False,
-    )
+    return failed_outcome(thread_id, watermark, exc, retriable=False)

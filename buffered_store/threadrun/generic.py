@@ -34,7 +34,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_outcome
 from buffered_store.errors import (
     BackendUnavailableError,
     CommitUnknownError,
@@ -49,7 +49,13 @@ from buffered_store.model.changes import (
     WalEntry,
 )
 from buffered_store.model.messages import decode_message, encode_message
-from buffered_store.model.planning import PlanStatus, ThreadChange, coalesce, plan_entries
+from buffered_store.model.planning import (
+    PlanStatus,
+    ThreadChange,
+    coalesce,
+    deletes_first,
+    plan_entries,
+)
 from buffered_store.model.protocol import ThreadRunStore
 from buffered_store.model.records import RunRecord, RunStatus
 from buffered_store.model.target import StoredThread, VersionedRun
@@ -121,12 +127,17 @@ class GenericFlushTarget:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def apply(self, batches: Sequence[Sequence[WalEntry]]) -> list[ApplyOutcome]:
-        """Replay each thread's entries above its watermark, threads concurrently.
+        """Replay each thread's entries above its watermark, threads concurrently (the
+        threads holding a delete first: another thread may take one of their runs over).
 
         Raises `DatabaseUnavailableError` when the inner store is unreachable (threads
         that completed before keep their raised watermark and come back STALE).
         """
-        return list(await asyncio.gather(*(self._apply_thread(batch) for batch in batches)))
+        outcomes: dict[int, ApplyOutcome] = {}
+        for group in deletes_first(batches):
+            done = await asyncio.gather(*(self._apply_thread(batches[i]) for i in group))
+            outcomes.update(zip(group, done, strict=True))
+        return [outcomes[index] for index in range(len(batches))]
 
     async def _apply_thread(self, batch: Sequence[WalEntry]) -> ApplyOutcome:
         if not batch:
@@ -161,7 +172,7 @@ class GenericFlushTarget:
             # The inner store refused this thread's data (not retriable), or it changed
             # under the replay (retriable): the thread's outcome says so. Anything else
             # (closed, schema, a refused statement) is no fault of the thread: it is raised.
-            return _failed(thread_id, watermark, str(exc), retriable=exc.retriable)
+            return failed_outcome(thread_id, watermark, exc, retriable=exc.retriable)
         except (TypeError, ValueError, KeyError) as exc:
             return _failed(thread_id, watermark, repr(exc))
         last = plan.entries[-1]

@@ -694,3 +694,29 @@ async def test_run_taken_over_reads_as_the_new_threads_before_any_flush(
         assert await store.list_runs(b) == [taken]
     await a_store.delete_thread(b)
     assert await b_store.load_run(run_id) is None
+
+
+@pytest.mark.parametrize("owner_again", [False, True], ids=["owner-gone", "owner-re-created"])
+async def test_force_flush_of_a_run_taken_over_flushes_the_owners_delete_first(
+    open_store: StoreFactory, inner: InnerStore, owner_again: bool
+) -> None:
+    """Thread A's run R is flushed; A is deleted (not flushed) and B takes R over. With no
+    flusher running, `force_flush(B)` found R still on A in the inner store and raised
+    `FlushFailedError` (RunOwnershipError), though the WAL orders A's delete first (found
+    by the model test). It now flushes A first and then B."""
+    store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run_id = f"run-{uuid.uuid4().hex}"
+    await store.checkpoint(a, make_messages(2), make_run(a, run_id, steps=2))
+    await store.force_flush(a)
+    await store.delete_thread(a)
+    taken = make_run(b, run_id, steps=9)
+    await store.checkpoint(b, make_messages(1), taken)
+    if owner_again:
+        await store.checkpoint(a, make_messages(1, start=4), make_run(a, steps=1))
+    await store.force_flush(b)
+    assert await inner.load_run(run_id) == taken
+    assert await inner.list_runs(b) == [taken]
+    assert (await inner.load_thread(a) is not None) is owner_again
+    assert (await store.flush_status(a)).pending == 0
+    assert (await store.flush_status(b)).pending == 0

@@ -266,3 +266,34 @@ async def test_versioned_reads_report_the_watermark() -> None:
     [stored] = await generic.read_threads(limit=5, offset=0)
     assert (stored.thread_id, stored.flushed_seq) == ("t", 2)
     assert await generic.read_run("unknown") is None
+
+
+async def test_a_run_freed_by_a_delete_is_taken_over_in_the_same_call() -> None:
+    """The owner's delete comes after the claimant's batch in the call: replayed in that
+    order, the claimant's checkpoint found the run still on the owner."""
+    generic, plain = target()
+    owner, claimant = Chain("owner"), Chain("claimant")
+    run = make_run("owner")
+    await generic.apply([[owner.checkpoint(make_messages(1), run)]])
+    taken = run.replace(thread_id="claimant", steps=4)
+    outcomes = await generic.apply(
+        [[claimant.checkpoint(make_messages(1), taken)], [owner.delete()]]
+    )
+    assert [o.status for o in outcomes] == [ApplyStatus.APPLIED, ApplyStatus.APPLIED]
+    assert await plain.load_run(run.run_id) == taken
+    assert await plain.load_thread("owner") is None
+
+
+async def test_a_run_still_owned_elsewhere_names_its_owner() -> None:
+    generic, _ = target()
+    owner, claimant = Chain("owner"), Chain("claimant")
+    run = make_run("owner")
+    await generic.apply([[owner.checkpoint(make_messages(1), run)]])
+    taken = run.replace(thread_id="claimant")
+    [outcome] = await generic.apply([[claimant.checkpoint(make_messages(1), taken)]])
+    assert (outcome.status, outcome.retriable, outcome.waits_for) == (
+        ApplyStatus.FAILED,
+        False,
+        "owner",
+    )
+    assert "RunOwnershipError" in (outcome.error or "")

@@ -17,7 +17,14 @@ from buffered_store.model.checkpointing import (
     validate_checkpoint,
 )
 from buffered_store.model.messages import apply_delta
-from buffered_store.model.planning import PlanStatus, ThreadView, coalesce, fold, plan_entries
+from buffered_store.model.planning import (
+    PlanStatus,
+    ThreadView,
+    coalesce,
+    deletes_first,
+    fold,
+    plan_entries,
+)
 from buffered_store.model.records import Message, RunRecord, Thread
 from buffered_store.testing import make_messages, make_run
 
@@ -146,6 +153,20 @@ def test_coalesce_delete_in_chain_resets() -> None:
     assert list(change.runs) == [new_run.run_id]
     assert change.thread is not None
     assert change.thread.created_at == entries[-1].at
+
+
+def test_deletes_first_puts_every_batch_of_a_deleting_thread_first_in_order() -> None:
+    a, b, c = Writer("a"), Writer("b"), Writer("c")
+    a1 = [a.checkpoint(make_messages(1))]
+    b1 = [b.checkpoint(make_messages(1))]
+    c1 = [c.checkpoint(make_messages(1))]
+    c2 = [c.delete(), c.checkpoint(make_messages(1, start=4))]  # c's second batch deletes
+    a2 = [a.checkpoint(make_messages(2))]
+    batches = [a1, c1, b1, c2, a2, []]
+    # c's two batches go first and keep their order; the rest (the empty one too) follow.
+    assert deletes_first(batches) == ([1, 3], [0, 2, 4, 5])
+    assert deletes_first([a1, b1]) == ([], [0, 1])
+    assert deletes_first([]) == ([], [])
 
 
 def test_coalesce_delete_last_leaves_no_thread() -> None:

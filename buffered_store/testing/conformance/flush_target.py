@@ -259,6 +259,8 @@ class FlushTargetContract:
             (ApplyStatus.APPLIED, True),
         ]
         assert "RunOwnershipError" in (outcomes[0].error or "")
+        assert outcomes[0].waits_for == owner.thread_id  # what a flush of the thief awaits
+        assert outcomes[1].waits_for is None
         assert outcomes[0].flushed_seq == 0
         assert await target.load_run(run.run_id) == run
         assert await target.list_runs(owner.thread_id) == [run]
@@ -267,6 +269,35 @@ class FlushTargetContract:
         assert [t.thread_id for t in await target.list_threads()] != []
         assert thief.thread_id not in {t.thread_id for t in await target.list_threads()}
         assert len(await target.read_threads(limit=10, offset=0)) == 2
+
+    @cases(
+        "owner_after, bystander",
+        [("delete", False), ("delete", True), ("re-create", False), ("re-create", True)],
+    )
+    async def test_a_run_freed_by_a_delete_is_taken_over_in_the_same_call(
+        self, target: InnerStore, owner_after: str, bystander: bool
+    ) -> None:
+        # The owner's id sorts after the claimant's and its batch comes last: the delete
+        # must still be written first (the writer allowed the take-over because the delete
+        # came first in the WAL). With a bystander the claimant may be written together
+        # with it; alone it gets a statement of its own.
+        owner, claimant, other = Chain(fresh_id("z")), Chain(fresh_id("a")), Chain(fresh_id("m"))
+        run = make_run(owner.thread_id)
+        await target.apply([[owner.checkpoint(make_messages(2), run)]])
+        owner_batch = [owner.delete()]
+        if owner_after == "re-create":
+            owner_batch.append(owner.checkpoint(make_messages(1, start=5)))
+        taken = run.replace(thread_id=claimant.thread_id, steps=3)
+        batches = [[claimant.checkpoint(make_messages(1), taken)]]
+        if bystander:
+            batches.append([other.checkpoint(make_messages(1))])
+        outcomes = await target.apply([*batches, owner_batch])
+        assert [o.status for o in outcomes] == [ApplyStatus.APPLIED] * len(outcomes)
+        assert await target.load_run(run.run_id) == taken
+        assert await target.list_runs(claimant.thread_id) == [taken]
+        assert run.run_id not in {r.run_id for r in await target.list_runs(owner.thread_id)}
+        recreated = await target.load_thread(owner.thread_id)
+        assert (recreated is not None) == (owner_after == "re-create")
 
     async def test_two_threads_claiming_one_new_run_in_one_call(self, target: InnerStore) -> None:
         first, second = Chain(), Chain()
