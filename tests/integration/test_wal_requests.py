@@ -198,8 +198,13 @@ async def test_the_wal_waits_for_a_stream_and_a_bucket_that_appear_while_it_asks
             assert revision == 1
             assert (await wal.kv_get(hot_key("x"))) == KvValue(b"h", 1)
             await js.delete_stream(f"KV_{config.hot_bucket}")
+            before = wal.requests
             async with reappearing(js, bucket):
-                assert (await wal.kv_get(hot_key("x"))) is None  # the new bucket is empty
+                found = await wal.kv_get(hot_key("x"))
+            # The new bucket is empty. Seen once in a full run (not reproduced in 300 runs
+            # under load): the old value. The count of sends tells, should it recur,
+            # whether the deleted bucket still answered (1) or the new one did (more).
+            assert found is None, f"{found} after {wal.requests - before} sends"
     finally:
         await wal.close()
 
