@@ -202,6 +202,8 @@ class CycleRunner:
     async def _after(
         self, work: ThreadWork, batch: list[Entry], outcome: ApplyOutcome
     ) -> ThreadWork | None:
+        if await self._waits_for_owner(work, outcome):
+            return None
         failures = self._count_failure(work.thread_id, outcome)
         if outcome.status is ApplyStatus.FAILED:
             self.stats.apply_failures += 1
@@ -235,6 +237,34 @@ class CycleRunner:
         )
         await self.settler.all(work.held, Settle.NAK, plan.delay_s)
         return None
+
+    async def _waits_for_owner(self, work: ThreadWork, outcome: ApplyOutcome) -> bool:
+        """Give a thread's messages back, without counting a failure towards its
+        quarantine, when it was refused a run whose owner still has unflushed entries
+        (`ApplyOutcome.waits_for`): the owner's delete, not applied yet (held by another
+        flusher, backing off, or in a later cycle), is what frees the run. Bounded: past
+        twice `poison_attempts` deliveries the refusal counts as any other."""
+        owner = outcome.waits_for
+        if outcome.status is not ApplyStatus.FAILED or owner is None or owner == work.thread_id:
+            return False
+        deliveries = max((h.num_delivered for h in work.seqs()), default=1)
+        if deliveries >= 2 * self.config.poison_attempts:
+            return False
+        try:
+            _, upto = await self.thread_log.latest(owner)
+            flushed = (await self.target.flushed_seqs([owner]))[owner]
+        except (WalUnavailableError, DatabaseUnavailableError):
+            return False  # decided as any other refusal
+        if flushed >= upto:
+            return False
+        self.stats.apply_failures += 1
+        log.info(
+            "thread waits for the flush of the thread owning one of its runs: %s",
+            (outcome.error or "")[:200],
+            extra={"action": "apply_waits_for_owner", "owner": owner},
+        )
+        await self.settler.all(work.held, Settle.NAK, self._nak_backoff.delay(deliveries))
+        return True
 
     async def _confirm(self, work: ThreadWork, plan: ThreadPlan, *, stale: bool = False) -> bool:
         """Ack what the committed watermark covers. (The watermark lives in the sink,

@@ -415,7 +415,8 @@ async def _flush_thread(
             first = outcome.waits_for
             if first is not None and first != thread_id and first not in waiting:
                 waiting |= {thread_id, first}
-                with contextlib.suppress(FlushFailedError):  # this thread's error tells
+                # This thread's error tells, should the owner's flush not help.
+                with contextlib.suppress(FlushFailedError, ConflictError):
                     await _flush_thread(log_, target, first, waiting=waiting)
                 continue
             raise FlushFailedError(

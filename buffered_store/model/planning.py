@@ -57,24 +57,32 @@ def plan_entries(entries: Iterable[WalEntry], flushed_seq: int) -> Plan:
     return Plan(PlanStatus.APPLY, tuple(chain))
 
 
-def deletes_first(batches: Sequence[Sequence[WalEntry]]) -> tuple[list[int], list[int]]:
-    """The indexes of one apply call's batches in two groups to write one after the other:
-    the threads holding a delete, then the rest, each thread's batches in their order.
+def deletes_first(batches: Sequence[Sequence[WalEntry]]) -> list[list[int]]:
+    """The indexes of one apply call's batches in the groups to write one after the other,
+    each thread's batches in their order: the threads deleted (their last entry of the
+    call a delete), then those deleted and re-created, then the rest.
 
-    A run the deleted thread owned may be taken over by another thread of the same call
+    A run a deleted thread owned may be taken over by another thread of the same call
     (the writer allowed it because the delete came first in the WAL): the delete must
-    free it before the other thread writes it.
+    free it before the other thread writes it. A thread re-created after its delete may
+    itself take over a run (of a thread deleted for good), so it follows those.
     """
-    deleting = {
-        batch[0].thread_id
-        for batch in batches
-        if any(entry.kind is EntryKind.DELETE for entry in batch)
-    }
-    first: list[int] = []
-    rest: list[int] = []
+    deleting: set[str] = set()
+    last: dict[str, WalEntry] = {}
+    for batch in batches:
+        if batch:
+            last[batch[0].thread_id] = batch[-1]
+            if any(entry.kind is EntryKind.DELETE for entry in batch):
+                deleting.add(batch[0].thread_id)
+    groups: list[list[int]] = [[], [], []]
     for index, batch in enumerate(batches):
-        (first if batch and batch[0].thread_id in deleting else rest).append(index)
-    return first, rest
+        if not batch or batch[0].thread_id not in deleting:
+            groups[2].append(index)
+        elif last[batch[0].thread_id].kind is EntryKind.DELETE:
+            groups[0].append(index)
+        else:
+            groups[1].append(index)
+    return groups
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -283,8 +283,8 @@ class InMemoryThreadRunStore:
         """
         self._check_open()
         self.apply_calls += 1
-        first, rest = deletes_first(batches)
-        outcomes = {index: self._apply_batch(batches[index]) for index in [*first, *rest]}
+        order = [index for group in deletes_first(batches) for index in group]
+        outcomes = {index: self._apply_batch(batches[index]) for index in order}
         return [outcomes[index] for index in range(len(batches))]
 
     async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:

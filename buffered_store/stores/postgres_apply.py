@@ -15,9 +15,9 @@ number of threads:
    thread, no run id shared with another of them) are written together by one statement
    (`postgres_sql.combined_write_statement`), when there are at least two, after every
    other batch; every other batch gets its own statement (after the reset of a thread
-   re-created after a delete), in thread order, the threads holding a delete first
-   (`planning.deletes_first`: another thread of the call may take one of their runs
-   over).
+   re-created after a delete), in thread order, the threads holding a delete first,
+   those deleted for good before those re-created (`planning.deletes_first`: another
+   thread of the call may take one of their runs over).
 
 A statement the database rejects aborts the pipeline; `Step.batch` names the batch whose
 data it was, and the transaction runs again without that batch (`ApplyCall.rejected`).
@@ -290,8 +290,8 @@ def writing(
         together = {}
     # The threads holding a delete first, each thread's batches kept in order: a run a
     # deleted thread owned may be taken over by another thread of the same call.
-    deleting = set(deletes_first(call.batches)[0])
-    planned_all.sort(key=lambda item: item[0] not in deleting)
+    rank = {index: n for n, group in enumerate(deletes_first(call.batches)) for index in group}
+    planned_all.sort(key=lambda item: rank[item[0]])
     for index, planned, base in planned_all:
         if index in together:
             continue

@@ -23,7 +23,8 @@ from buffered_store.model.changes import (
     WalEntry,
 )
 from buffered_store.stores.memory import InMemoryThreadRunStore
-from buffered_store.testing import FaultyFlushTarget, make_entries
+from buffered_store.testing import FaultyFlushTarget, make_entries, make_messages, make_run
+from buffered_store.testing.conformance.flush_target import Chain
 from buffered_store.threadrun.entry import (
     FORMAT,
     HotRecord,
@@ -87,6 +88,9 @@ class FakeThreadLog:
 
     async def hot(self, thread_id: str) -> None:
         return None
+
+    async def latest(self, thread_id: str) -> tuple[None, int]:
+        return None, max((seq for (t, seq) in self.stream if t == thread_id), default=0)
 
     async def entries_between(
         self, thread_id: str, after: int, upto: int, hot: HotRecord | None
@@ -412,3 +416,43 @@ async def test_rounds_are_bounded() -> None:
     await r.runner.run([r.msg(entries[2])])
     assert target.calls == CONFIG.max_rounds
     assert r.settled("nak") == [3]
+
+
+async def test_a_thread_waiting_for_the_owner_of_its_run_is_not_quarantined() -> None:
+    """B took over run R of thread A, deleted since; A's delete is in the WAL but not in
+    this cycle (another flusher holds it, or it backs off). B's refusal (RunOwnershipError,
+    not retriable) used to count towards B's quarantine; while A has unflushed entries it
+    is given back without counting, and applies once A's delete has."""
+    inner = InMemoryThreadRunStore()
+    owner, claimant = Chain("a"), Chain("b")
+    run = make_run("a")
+    await inner.apply([[owner.checkpoint(make_messages(1), run)]])
+    delete = dataclasses.replace(owner.delete(), stream_seq=2)
+    taken = dataclasses.replace(
+        claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=3
+    )
+    r = rig(inner, stream=[delete, taken])
+    for delivered in range(1, 2 * CONFIG.poison_attempts):
+        await r.runner.run([r.msg(taken, delivered=delivered)])
+        assert r.settled("nak")[-1] == 3
+        assert r.quarantine.records == {}
+    await r.runner.run([r.msg(delete), r.msg(taken, delivered=2 * CONFIG.poison_attempts)])
+    assert await inner.flushed_seqs(["a", "b"]) == {"a": 2, "b": 1}
+    assert await inner.load_run(run.run_id) == run.replace(thread_id="b")
+    assert sorted(r.settled("ack")) == [2, 3]
+
+
+async def test_a_run_owned_for_good_elsewhere_still_ends_in_quarantine() -> None:
+    """The owner has nothing unflushed: the refusal is the claimant's own, counted."""
+    inner = InMemoryThreadRunStore()
+    owner, claimant = Chain("a"), Chain("b")
+    run = make_run("a")
+    first = dataclasses.replace(owner.checkpoint(make_messages(1), run), stream_seq=1)
+    await inner.apply([[first]])
+    taken = dataclasses.replace(
+        claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=2
+    )
+    r = rig(inner, stream=[first, taken])
+    await r.runner.run([r.msg(taken, delivered=CONFIG.poison_attempts)])
+    assert r.settled("term") == [2]
+    assert "RunOwnershipError" in r.quarantine.records["t.b"].reason

@@ -162,11 +162,14 @@ def test_deletes_first_puts_every_batch_of_a_deleting_thread_first_in_order() ->
     c1 = [c.checkpoint(make_messages(1))]
     c2 = [c.delete(), c.checkpoint(make_messages(1, start=4))]  # c's second batch deletes
     a2 = [a.checkpoint(make_messages(2))]
-    batches = [a1, c1, b1, c2, a2, []]
-    # c's two batches go first and keep their order; the rest (the empty one too) follow.
-    assert deletes_first(batches) == ([1, 3], [0, 2, 4, 5])
-    assert deletes_first([a1, b1]) == ([], [0, 1])
-    assert deletes_first([]) == ([], [])
+    d = Writer("d")
+    d.checkpoint(make_messages(1))
+    d1 = [d.delete()]  # deleted for good: before c, re-created after its delete
+    batches = [a1, c1, b1, c2, a2, [], d1]
+    # d first, then c's two batches in their order; the rest (the empty one too) follow.
+    assert deletes_first(batches) == [[6], [1, 3], [0, 2, 4, 5]]
+    assert deletes_first([a1, b1]) == [[], [], [0, 1]]
+    assert deletes_first([]) == [[], [], []]
 
 
 def test_coalesce_delete_last_leaves_no_thread() -> None:

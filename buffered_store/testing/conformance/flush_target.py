@@ -271,24 +271,36 @@ class FlushTargetContract:
         assert len(await target.read_threads(limit=10, offset=0)) == 2
 
     @cases(
-        "owner_after, bystander",
-        [("delete", False), ("delete", True), ("re-create", False), ("re-create", True)],
+        "owner_after, bystander, claimant_re_created",
+        [
+            ("delete", False, False),
+            ("delete", True, False),
+            ("re-create", False, False),
+            ("re-create", True, False),
+            ("delete", False, True),
+        ],
     )
     async def test_a_run_freed_by_a_delete_is_taken_over_in_the_same_call(
-        self, target: InnerStore, owner_after: str, bystander: bool
+        self, target: InnerStore, owner_after: str, bystander: bool, claimant_re_created: bool
     ) -> None:
         # The owner's id sorts after the claimant's and its batch comes last: the delete
         # must still be written first (the writer allowed the take-over because the delete
         # came first in the WAL). With a bystander the claimant may be written together
-        # with it; alone it gets a statement of its own.
+        # with it; alone it gets a statement of its own. A claimant deleted and re-created
+        # in the same call holds a delete too: the owner, deleted for good, goes first.
         owner, claimant, other = Chain(fresh_id("z")), Chain(fresh_id("a")), Chain(fresh_id("m"))
         run = make_run(owner.thread_id)
-        await target.apply([[owner.checkpoint(make_messages(2), run)]])
+        seeded = [[owner.checkpoint(make_messages(2), run)]]
+        if claimant_re_created:
+            seeded.append([claimant.checkpoint(make_messages(3))])
+        await target.apply(seeded)
         owner_batch = [owner.delete()]
         if owner_after == "re-create":
             owner_batch.append(owner.checkpoint(make_messages(1, start=5)))
         taken = run.replace(thread_id=claimant.thread_id, steps=3)
-        batches = [[claimant.checkpoint(make_messages(1), taken)]]
+        claimant_batch = [claimant.delete()] if claimant_re_created else []
+        claimant_batch.append(claimant.checkpoint(make_messages(1), taken))
+        batches = [claimant_batch]
         if bystander:
             batches.append([other.checkpoint(make_messages(1))])
         outcomes = await target.apply([*batches, owner_batch])
