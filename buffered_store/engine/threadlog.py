@@ -412,12 +412,12 @@ async def _flush_thread(
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
         if outcome.status is ApplyStatus.FAILED:
-            first = outcome.waits_for
-            if first is not None and first != thread_id and first not in waiting:
-                waiting |= {thread_id, first}
+            owner = outcome.waits_for
+            if owner is not None and owner != thread_id and owner not in waiting:
+                waiting |= {thread_id, owner}
                 # This thread's error tells, should the owner's flush not help.
                 with contextlib.suppress(FlushFailedError, ConflictError):
-                    await _flush_thread(log_, target, first, waiting=waiting)
+                    await _flush_thread(log_, target, owner, waiting=waiting)
                 continue
             raise FlushFailedError(
                 f"flushing thread {thread_id!r} failed: {outcome.error}",
