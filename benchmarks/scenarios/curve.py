@@ -34,8 +34,10 @@ DESCRIPTION = (
     "are skipped, not made up) of both sides at 25%, 50% and 90% of direct's maximum, and "
     "of the buffered side at 50% of its own maximum. The raw publish + KV CAS loop of the "
     "`raw` scenario runs paced at the same three loads: the latency floor of any write path "
-    "that makes those two round trips on this machine. Last, the buffered write path alone "
-    "(no flusher), closed loop. Each run is a measured phase of its own with freshly opened "
+    "that makes those two round trips on this machine. Then the buffered write path alone "
+    "(no flusher process) paced at the judged 50% and 90% of direct's maximum, what the "
+    "buffered latency is without the flusher and Postgres sharing the cores; last, "
+    "closed loop. Each run is a measured phase of its own with freshly opened "
     "stores, on threads of its own seeded with the same history in the side's seed phase. "
     "Maximum phases last 15 s, paced ones 20 s (`--duration-s` sets the paced ones; the "
     "maximum ones take the shorter of it and 15 s)."
@@ -44,7 +46,8 @@ DESCRIPTION = (
 FRACTIONS = (0.25, 0.5, 0.9)
 """Offered loads, as fractions of direct's maximum, run on both sides."""
 JUDGED = (0.5, 0.9)
-"""The fractions whose latencies are judged (loads the direct store sustains)."""
+"""The fractions whose latencies are judged (loads the direct store sustains); the
+buffered write path alone (no flusher) runs paced at each of them too."""
 OWN_FRACTION = 0.5
 """Offered load of the buffered side's flush-lag point, as a fraction of its own maximum."""
 DIRECT = SidePlan("direct", "direct Postgres", "direct")
@@ -76,6 +79,17 @@ def sizes(bench: Bench) -> Sizes:
 def pct(fraction: float) -> str:
     """0.25 -> '25'."""
     return f"{fraction * 100:.0f}"
+
+
+def alone_key(fraction: float) -> str:
+    """The side key of the buffered write path alone, paced at `fraction` of direct's
+    maximum."""
+    return f"buffered_{pct(fraction)}_alone"
+
+
+def ran_flusher(key: str) -> bool:
+    """Whether the buffered point `key` ran with its flusher process."""
+    return key != "buffered_writer_only" and not key.endswith("_alone")
 
 
 def maximum(figures: dict[str, Any], *, flusher: bool = True) -> dict[str, Any]:
@@ -186,7 +200,13 @@ async def run(bench: Bench) -> Outcome:
     buffered = SideRun(
         bench,
         BUFFERED,
-        ["buffered_max", *(f"buffered_{p}" for p in points), own, "buffered_writer_only"],
+        [
+            "buffered_max",
+            *(f"buffered_{p}" for p in points),
+            own,
+            *(alone_key(f) for f in JUDGED),
+            "buffered_writer_only",
+        ],
         base,
     )
     await buffered.seed()
@@ -203,7 +223,13 @@ async def run(bench: Bench) -> Outcome:
     sides[own] = await buffered.point(
         own, f"buffered: {pct(OWN_FRACTION)}% of buffered max", paced(OWN_FRACTION * b_rate)
     )
-    # Last: the entries it leaves unflushed would otherwise be a later phase's work.
+    # Without a flusher last: the entries they leave unflushed would otherwise be a later
+    # phase's work.
+    for f in JUDGED:
+        key = alone_key(f)
+        sides[key] = await buffered.point(
+            key, f"buffered, no flusher: {pct(f)}% of direct max", paced(f * d_rate), flusher=False
+        )
     sides["buffered_writer_only"] = await buffered.point(
         "buffered_writer_only", "buffered, no flusher: max (closed loop)", base, flusher=False
     )
@@ -269,7 +295,7 @@ def curve_points(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "side": s["kind"] if s["kind"] in ("direct", "raw") else "buffered",
                 "label": s["label"],
                 "closed_loop": s.get("offered_per_s") is None,
-                "flusher": s["kind"] == "buffered" and key != "buffered_writer_only",
+                "flusher": s["kind"] == "buffered" and ran_flusher(key),
                 "offered_per_s": s.get("offered_per_s"),
                 "achieved_per_s": s.get("throughput_per_s"),
                 "checkpoints": s.get("checkpoints"),
@@ -335,6 +361,7 @@ def judge(
         d, b = sides[f"direct_{pct(f)}"], sides[f"buffered_{pct(f)}"]
         dq, bq = side_get(d, "latency_warm_ms", "p99"), side_get(b, "latency_warm_ms", "p99")
         rq = side_get(sides.get(f"raw_{pct(f)}", {}), "latency_warm_ms", "p99")
+        aq = side_get(sides.get(alone_key(f), {}), "latency_warm_ms", "p99")
         r = ratio(dq, bq)
         out.append(
             target(
@@ -346,7 +373,9 @@ def judge(
                 f"{fmt(side_get(d, 'latency_ms', 'p99'), 'ms')} ms vs buffered "
                 f"{fmt(side_get(b, 'latency_ms', 'p99'), 'ms')} ms; the raw publish + KV CAS "
                 f"loop's own p99 at this load {fmt(rq, 'ms')} ms (direct/raw = "
-                f"{fmt(ratio(dq, rq))}: the most any two-round-trip write path can gain here)",
+                f"{fmt(ratio(dq, rq))}: the most any two-round-trip write path can gain here); "
+                f"the buffered write path alone at this load (no flusher process sharing the "
+                f"cores) {fmt(aq, 'ms')} ms",
                 ratio=r,
                 met=None if r is None else r >= 5,
                 suffix=f"{pct(f)}% of direct's maximum, {api_name}()",
@@ -424,6 +453,16 @@ def plot_curve(
                 fontsize=7,
                 color=color,
             )
+    alone = [r for r in usable if r["side"] == "buffered" and r["key"].endswith("_alone")]
+    if alone:
+        ax.plot(
+            [r["achieved_per_s"] for r in alone],
+            [r["latency_warm_ms"]["p99"] for r in alone],
+            "x",
+            color="C2",
+            markersize=8,
+            label="buffered write path alone, paced: p99",
+        )
     for r in usable:
         if r["key"] == "buffered_writer_only":
             x = r["achieved_per_s"]

@@ -51,6 +51,8 @@ SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
             *(f"{side}_{point}" for side in ("direct", "buffered") for point in CURVE_POINTS),
             *(f"raw_{point}" for point in CURVE_POINTS[1:]),
             "buffered_50_own",
+            "buffered_50_alone",
+            "buffered_90_alone",
             "buffered_writer_only",
         },
         {"timeline.png", "latency_vs_load.png"},

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     )
     from benchmarks.report import speed_line, target_counts, targets_table
     from benchmarks.scenarios.common import backlog_growing, backlog_trend
-    from benchmarks.scenarios.curve import maximum
+    from benchmarks.scenarios.curve import curve_points, maximum
+    from benchmarks.scenarios.curve import judge as judge_curve
     from benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
     from benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -72,7 +73,8 @@ else:
     )
     from buffered_store.benchmarks.report import speed_line, target_counts, targets_table
     from buffered_store.benchmarks.scenarios.common import backlog_growing, backlog_trend
-    from buffered_store.benchmarks.scenarios.curve import maximum
+    from buffered_store.benchmarks.scenarios.curve import curve_points, maximum
+    from buffered_store.benchmarks.scenarios.curve import judge as judge_curve
     from buffered_store.benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
     from buffered_store.benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -184,6 +186,65 @@ def test_a_buffered_maximum_counts_only_while_the_backlog_stays_flat() -> None:
 def test_the_write_path_alone_has_no_flusher_to_keep_up() -> None:
     alone = maximum(closed_loop("buffered", 2000.0, 2000.0), flusher=False)
     assert alone["sustainable_per_s"] == 2000.0
+
+
+def paced_point(kind: str, p99_ms: float, offered: float = 400.0) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "label": kind,
+        "offered_per_s": offered,
+        "throughput_per_s": offered,
+        "latency_ms": {"p50": p99_ms / 4, "p95": p99_ms / 2, "p99": p99_ms},
+        "latency_warm_ms": {"p50": p99_ms / 4, "p95": p99_ms / 2, "p99": p99_ms},
+    }
+
+
+def test_curve_judges_buffered_against_direct_and_shows_the_write_path_alone_beside() -> None:
+    sides = {
+        "direct_max": closed_loop("direct", 800.0, None),
+        "direct_50": paced_point("direct", 11.0),
+        "direct_90": paced_point("direct", 90.0, 720.0),
+        "raw_50": paced_point("raw", 2.2),
+        "raw_90": paced_point("raw", 2.0, 720.0),
+        "buffered_max": closed_loop("buffered", 6000.0, 5.0),
+        "buffered_50": paced_point("buffered", 4.4),
+        "buffered_90": paced_point("buffered", 3.0, 720.0),
+        "buffered_50_own": paced_point("buffered", 5.0, 3000.0),
+        "buffered_50_alone": paced_point("buffered", 2.7),
+        "buffered_90_alone": paced_point("buffered", 2.5, 720.0),
+        "buffered_writer_only": closed_loop("buffered", 8000.0, 8000.0),
+    }
+    sides["buffered_50_own"]["flush"] = {"backlog": {}, "lag_from_ack_ms": {"p99": 500.0}}
+    for key, side in sides.items():
+        side.setdefault("label", key)
+    maxima = {
+        "direct": maximum(sides["direct_max"]),
+        "buffered": maximum(sides["buffered_max"]),
+        "buffered_writer_only": maximum(sides["buffered_writer_only"], flusher=False),
+    }
+    judged = judge_curve(sides, maxima, 0.5, "buffered_50_own", "append")
+    half, most = (t for t in judged if t["id"] == "load_p99")
+    # The ratio judged stays buffered with its flusher against direct ...
+    assert half["ratio"] == pytest.approx(11.0 / 4.4)
+    assert half["met"] is False
+    assert most["ratio"] == pytest.approx(30.0)
+    assert most["met"] is True
+    # ... and the write path alone at the same load is reported beside it.
+    assert (
+        "write path alone at this load (no flusher process sharing the cores) 2.70 ms"
+        in (half["measured"])
+    )
+    assert "2.50 ms" in most["measured"]
+    flags = {r["key"]: r["flusher"] for r in curve_points(sides) if r["side"] == "buffered"}
+    assert flags == {
+        "buffered_max": True,
+        "buffered_50": True,
+        "buffered_90": True,
+        "buffered_50_own": True,
+        "buffered_50_alone": False,
+        "buffered_90_alone": False,
+        "buffered_writer_only": False,
+    }
 
 
 def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
