@@ -50,6 +50,11 @@ class ApplyOutcome:
     (the owner of a run the batch names: the owner's delete, still in the WAL, frees the
     run). Once that thread is flushed the same entries may apply (`flush_thread` does
     that; the flusher's retries of a refused thread give it the time)."""
+    retry_now: bool = False
+    """For FAILED: what refused the batch is gone already (the run's owner let it go
+    while the batch waited for the owner's transaction, as when two flushes of the owner
+    and of the thread taking the run over run side by side): the same entries may apply
+    at once (`flush_thread` tries again)."""
 
 
 def failed_outcome(

@@ -386,7 +386,9 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     Works without any flusher running; safe against concurrent flushers (the target
     checks the watermark inside its transaction). A thread refused because another
     thread still holds what it needs in the target (`ApplyOutcome.waits_for`: a run whose
-    owner's delete is still in the WAL) flushes that thread first, once, and tries again.
+    owner's delete is still in the WAL) flushes that thread first, once, and tries again;
+    one refused by an owner that let the run go meanwhile (`ApplyOutcome.retry_now`: the
+    owner flushed side by side, as `force_flush_all` does) tries again at once.
     """
     return await _flush_thread(log_, target, thread_id, waiting=frozenset())
 
@@ -411,6 +413,9 @@ async def _flush_thread(
             last = entries[-1]
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
+        if outcome.status is ApplyStatus.FAILED and outcome.retry_now:
+            await asyncio.sleep(0)  # refused by an owner that has let the run go since
+            continue
         if outcome.status is ApplyStatus.FAILED:
             owner = outcome.waits_for
             if owner is not None and owner != thread_id and owner not in waiting:

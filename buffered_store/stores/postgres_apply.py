@@ -419,6 +419,7 @@ def refused_outcomes(refusals: Sequence[Refusal], results: Sequence[StepResult])
                 ApplyStatus.FAILED,
                 refusal.flushed_seq,
                 error=f"{type(error).__name__}: {error}",
+                retry_now=True,
             )
             done[refusal.index] = (outcome, 0)
     return done

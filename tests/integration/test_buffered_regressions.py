@@ -720,3 +720,49 @@ async def test_force_flush_of_a_run_taken_over_flushes_the_owners_delete_first(
     assert (await inner.load_thread(a) is not None) is owner_again
     assert (await store.flush_status(a)).pending == 0
     assert (await store.flush_status(b)).pending == 0
+
+
+@pytest.mark.parametrize("claimant_first", [True, False], ids=["claimant-first", "owner-first"])
+@pytest.mark.parametrize("claimant_re_created", [False, True], ids=["plain", "re-created"])
+@pytest.mark.parametrize("flush", ["force_flush_all", "force_flush"])
+async def test_a_run_taken_over_is_flushed_with_its_owner_side_by_side(
+    open_store: StoreFactory,
+    inner: InnerStore,
+    claimant_first: bool,
+    claimant_re_created: bool,
+    flush: str,
+) -> None:
+    """Thread A (owning run R, flushed) is deleted and re-created with another run; B
+    (new, or flushed and then deleted and re-created too) takes R over; nothing flushed
+    since. `force_flush_all` flushes A and B side by side, each in a transaction of its
+    own: B's gate found R still on A (A's transaction not committed), and by the time the
+    owner was looked up A had let R go, so B failed with a ConflictError ("a run it names
+    belonged to another thread") and `force_flush_all` raised `FlushFailedError`. The
+    refusal now says the same entries may apply at once (`retry_now`), and they do."""
+    store = await open_store(inner, drain_on_close=False)
+    suffix = uuid.uuid4().hex[:12]
+    a, b = (f"z-{suffix}", f"a-{suffix}") if claimant_first else (f"a-{suffix}", f"z-{suffix}")
+    run_id = f"run-{uuid.uuid4().hex}"
+    await store.checkpoint(a, make_messages(2), make_run(a, run_id, steps=2))
+    if claimant_re_created:
+        await store.checkpoint(b, make_messages(1), make_run(b))
+    await store.force_flush_all()
+    await store.delete_thread(a)
+    fresh_a = make_run(a)
+    await store.checkpoint(a, make_messages(1, start=7), fresh_a)
+    if claimant_re_created:
+        await store.delete_thread(b)
+    taken = make_run(b, run_id, steps=9)
+    await store.checkpoint(b, make_messages(1, start=3), taken)
+    if flush == "force_flush":
+        await store.force_flush(b)
+    else:
+        await store.force_flush_all()
+    assert await inner.load_run(run_id) == taken
+    assert await inner.list_runs(b) == [taken]
+    assert await inner.load_messages(b) == make_messages(1, start=3)
+    if flush == "force_flush_all":
+        assert await inner.list_runs(a) == [fresh_a]
+        assert await inner.load_messages(a) == make_messages(1, start=7)
+        assert (await store.flush_status(a)).pending == 0
+    assert (await store.flush_status(b)).pending == 0

@@ -16,6 +16,7 @@ from buffered_store.engine.cursors import Cursor, Seeded
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.engine.threadlog import WALK_DIRECT_GETS, flush_thread
 from buffered_store.errors import (
+    ConflictError,
     DatabaseUnavailableError,
     FlushFailedError,
     PayloadTooLargeError,
@@ -116,6 +117,46 @@ async def test_a_failed_flush_keeps_the_refusals_retriable(retriable: bool) -> N
         await buffer.force_flush("t", timeout_s=5)
     assert caught.value.retriable is retriable
     assert caught.value.thread_id == "t"
+    await buffer.close()
+
+
+class RacedSink(NotesSink):
+    """Refuses a thread's batch `times` times with `retry_now` (what refused it is gone
+    already), then applies as `NotesSink` does."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.left = times
+        self.calls = 0
+
+    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        self.calls += 1
+        if self.left > 0:
+            self.left -= 1
+            return [
+                ApplyOutcome(b[0].thread_id, ApplyStatus.FAILED, 0, error="raced", retry_now=True)
+                for b in batches
+            ]
+        return await super().apply(batches)
+
+
+async def test_a_flush_refused_by_what_is_gone_already_tries_again_at_once() -> None:
+    """The Postgres store refuses a batch whose run another thread's transaction still
+    held, and by the time it looks the owner up the run is free (`retry_now`): the same
+    entries may apply, so `flush_thread` applies them instead of raising."""
+    sink = RacedSink(times=2)
+    buffer = notes_buffer(sink)
+    await write(buffer, "t", "x")
+    assert await buffer.force_flush("t", timeout_s=5) == 1
+    assert sink.calls == 3
+    await buffer.close()
+
+
+async def test_a_flush_refused_again_and_again_gives_up() -> None:
+    buffer = notes_buffer(RacedSink(times=1_000))
+    await write(buffer, "t", "x")
+    with pytest.raises(ConflictError, match="kept moving"):
+        await buffer.force_flush("t", timeout_s=5)
     await buffer.close()
 
 

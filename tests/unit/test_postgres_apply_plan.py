@@ -255,9 +255,12 @@ def test_refused_writes_name_the_owner_after_the_commit() -> None:
     assert (outcome.status, outcome.retriable, entries) == (ApplyStatus.FAILED, False, 0)
     assert "RunOwnershipError" in (outcome.error or "")
     assert "'owner'" in (outcome.error or "")
-    # The owner gone meanwhile: the same entries may well apply later.
+    assert (outcome.waits_for, outcome.retry_now) == ("owner", False)
+    # The owner let the run go meanwhile (its transaction committed between the gate and
+    # the lookup): the same entries may apply at once.
     [(outcome, _)] = plan.refused_outcomes(settled.refused, [plan.StepResult(0, [])]).values()
     assert (outcome.status, outcome.retriable) == (ApplyStatus.FAILED, True)
+    assert (outcome.waits_for, outcome.retry_now) == (None, True)
 
 
 def test_a_rejected_batch_fails_with_the_database_error() -> None:
