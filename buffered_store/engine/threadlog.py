@@ -397,6 +397,7 @@ async def _flush_thread(
     log_: ThreadLog[E, H], target: FlushSink[E], thread_id: str, *, waiting: frozenset[str]
 ) -> int:
     hot, upto = await log_.latest(thread_id)
+    raced = ""
     for attempt in range(20):
         flushed = (await target.flushed_seqs([thread_id]))[thread_id]
         if flushed >= upto:
@@ -414,6 +415,7 @@ async def _flush_thread(
             await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
         if outcome.status is ApplyStatus.FAILED and outcome.retry_now:
+            raced = f" (last refused: {outcome.error})"
             await asyncio.sleep(0)  # refused by an owner that has let the run go since
             continue
         if outcome.status is ApplyStatus.FAILED:
@@ -430,7 +432,7 @@ async def _flush_thread(
                 retriable=outcome.retriable,
             )
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
-    raise ConflictError(f"thread {thread_id!r} kept moving while being flushed")
+    raise ConflictError(f"thread {thread_id!r} kept moving while being flushed{raced}")
 
 
 async def _repair_mark(log_: ThreadLog[E, H], thread_id: str, flushed: int, hot: H) -> None:

@@ -67,6 +67,9 @@ __all__ = ["PostgresThreadRunStore"]
 _APPLY_ATTEMPTS = 5
 """Runs of one `apply()` transaction that a deadlock or serialization failure may take
 (`retry_in_place`); the last failure is raised as `ConflictError`."""
+_RACED_WRITES = 3
+"""Runs of a refused write under a thread's lock whose run was let go before the owner
+could be named (each run reads what other transactions committed since)."""
 
 
 def _json_dumps(value: Any) -> str:
@@ -219,16 +222,24 @@ class PostgresThreadRunStore(PostgresReads):
 
     async def _write_locked(self, conn: AsyncConnection, write: codec.Write) -> None:
         """Execute a write under the thread's lock: its watermark cannot have moved, so a
-        failed gate means another thread owns one of its runs (`RunOwnershipError`)."""
-        if await self._write(conn, write):
-            return
-        if write.run_ids:
+        failed gate means another thread owns one of its runs (`RunOwnershipError`). When
+        none does by the time the owner is looked up (the owner's delete committed after
+        the gate read the run: the lock is on this thread's row, not on the run's), the
+        write runs again."""
+        for _ in range(_RACED_WRITES):
+            if await self._write(conn, write):
+                return
+            if not write.run_ids:
+                raise StoreError(  # pragma: no cover - we hold the row lock
+                    f"thread {write.thread_id!r} changed under its lock"
+                )
             params = sql.bind(thread_id=write.thread_id, run_ids=list(write.run_ids))
             owned = (await self._execute(conn, sql.SELECT_RUN_OWNERS, params)).first()
             if owned is not None:
                 raise run_owned_elsewhere(owned.run_id, owned.thread_id, write.thread_id)
-        raise StoreError(  # pragma: no cover - we hold the row lock
-            f"thread {write.thread_id!r} changed under its lock"
+        raise ConflictError(
+            f"thread {write.thread_id!r}: the runs it names kept changing owner while it "
+            "was written"
         )
 
     # -- ThreadRunStore: writes ------------------------------------------------------

@@ -576,3 +576,41 @@ async def test_a_statement_too_large_to_pipeline_is_sent_on_its_own(
             [outcome] = await store.apply([[chain.checkpoint([*history, *msgs(1)], "large")]])
         assert outcome.status is ApplyStatus.APPLIED
         assert delta(store, before, "unpipelined", "round_trips") == [0, 2]
+
+
+async def test_a_refusal_whose_owner_let_the_run_go_may_apply_at_once(
+    open_postgres: Any, monkeypatch: Any
+) -> None:
+    """A batch's gate read run R on its owner; the owner's delete committed (a flush of
+    it side by side, as `force_flush_all` runs them) before the owner was looked up. The
+    refusal named nobody and said only ConflictError, so `flush_thread` raised; it now
+    says the same entries may apply at once (`retry_now`), and they do. Driven
+    deterministically: the owner's delete is applied, by another store, right before
+    the lookup."""
+    store, other = await open_postgres(), await open_postgres()
+    owner, thief = Chain("owner"), Chain("thief")
+    await store.apply([[owner.checkpoint(msgs(1), "shared")]])
+    original = store._after_commit
+    deleted: list[ApplyOutcome] = []
+
+    async def after_commit(
+        link: Any, call: Any, decided: Any, settled: plan.Settled, created: Any
+    ) -> Any:
+        if settled.refused and not deleted:
+            deleted.extend(await other.apply([[owner.delete()]]))
+        return await original(link, call, decided, settled, created)
+
+    monkeypatch.setattr(store, "_after_commit", after_commit)
+    claim = thief.checkpoint(msgs(2), "shared")
+    [outcome] = await store.apply([[claim]])
+    assert [o.status for o in deleted] == [ApplyStatus.APPLIED]
+    assert (outcome.status, outcome.retriable, outcome.retry_now) == (
+        ApplyStatus.FAILED,
+        True,
+        True,
+    )
+    assert outcome.waits_for is None
+    [again] = await store.apply([[claim]])
+    assert again.status is ApplyStatus.APPLIED
+    assert [r.thread_id for r in await store.list_runs("thief")] == ["thief"]
+    assert await store.load_run("shared") is not None

@@ -601,3 +601,35 @@ async def test_runs_are_never_replaced_by_older_versions(store: PostgresThreadRu
     runs = await store.read_runs("t", status=RunStatus.RUNNING, limit=10, offset=0)
     assert {(v.run.run_id, v.thread_seq) for v in runs} == {("r1", 3), ("r2", 2)}
     assert [t.thread_id for t in await store.list_threads(limit=1, offset=0)] == ["t"]
+
+
+async def test_a_run_let_go_between_the_gate_and_the_owners_lookup_is_taken(
+    store: PostgresThreadRunStore, database_url: str, schema: str, monkeypatch: Any
+) -> None:
+    """The gate of a write under its thread's lock read run R on its owner; the owner's
+    delete committed (another process) before the owner was looked up, so the lookup
+    found nobody and the write failed with `StoreError("changed under its lock")`, not
+    retriable. The write now runs again and takes R. Driven deterministically: the
+    owner is deleted right before the lookup."""
+    await store.checkpoint("owner", msgs(2), run_of("owner", "shared"))
+    lookups = 0
+    original = store._execute
+
+    async def execute(conn: Any, statement: Any, params: Any) -> Any:
+        nonlocal lookups
+        if statement is sql.SELECT_RUN_OWNERS:
+            lookups += 1
+            if lookups == 1:
+                async with await PostgresThreadRunStore.connect(
+                    database_url, schema=schema
+                ) as other:
+                    await other.delete_thread("owner")
+        return await original(conn, statement, params)
+
+    monkeypatch.setattr(store, "_execute", execute)
+    taken = run_of("thief", "shared", steps=4)
+    await store.checkpoint("thief", msgs(1, "t"), taken)
+    assert lookups == 1  # the first gate refused, the second wrote
+    assert await store.load_run("shared") == taken
+    assert await store.load_thread("owner") is None
+    assert await store.load_messages("thief") == msgs(1, "t")
