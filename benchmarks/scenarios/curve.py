@@ -453,7 +453,9 @@ def plot_curve(
                 fontsize=7,
                 color=color,
             )
-    alone = [r for r in usable if r["side"] == "buffered" and r["key"].endswith("_alone")]
+    alone = [
+        r for r in usable if r["side"] == "buffered" and not r["flusher"] and not r["closed_loop"]
+    ]
     if alone:
         ax.plot(
             [r["achieved_per_s"] for r in alone],

@@ -35,16 +35,35 @@ NotesBuffer = WriteBuffer[Note, NoteHot, int]
 
 
 class RefusingSink(NotesSink):
-    """Refuses every batch, retriable or not."""
+    """Refuses the first `times` calls (every call when None), retriable or not, or as
+    refused by what is gone already (`retry_now`); then applies as `NotesSink` does."""
 
-    def __init__(self, *, retriable: bool) -> None:
+    def __init__(
+        self,
+        *,
+        retriable: bool = True,
+        retry_now: bool = False,
+        times: int | None = None,
+        error: str = "no",
+    ) -> None:
         super().__init__()
-        self.retriable = retriable
+        self.retriable, self.retry_now, self.left, self.error = retriable, retry_now, times, error
+        self.calls = 0
 
     async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        self.calls += 1
+        if self.left is not None:
+            if self.left == 0:
+                return await super().apply(batches)
+            self.left -= 1
         return [
             ApplyOutcome(
-                b[0].thread_id, ApplyStatus.FAILED, 0, error="no", retriable=self.retriable
+                b[0].thread_id,
+                ApplyStatus.FAILED,
+                0,
+                error=self.error,
+                retriable=self.retriable,
+                retry_now=self.retry_now,
             )
             for b in batches
         ]
@@ -120,31 +139,16 @@ async def test_a_failed_flush_keeps_the_refusals_retriable(retriable: bool) -> N
     await buffer.close()
 
 
-class RacedSink(NotesSink):
-    """Refuses a thread's batch `times` times with `retry_now` (what refused it is gone
-    already), then applies as `NotesSink` does."""
-
-    def __init__(self, times: int) -> None:
-        super().__init__()
-        self.left = times
-        self.calls = 0
-
-    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
-        self.calls += 1
-        if self.left > 0:
-            self.left -= 1
-            return [
-                ApplyOutcome(b[0].thread_id, ApplyStatus.FAILED, 0, error="raced", retry_now=True)
-                for b in batches
-            ]
-        return await super().apply(batches)
+def raced_sink(times: int) -> RefusingSink:
+    """Refuses a thread's batch `times` times as refused by what is gone already."""
+    return RefusingSink(retry_now=True, times=times, error="raced")
 
 
 async def test_a_flush_refused_by_what_is_gone_already_tries_again_at_once() -> None:
     """The Postgres store refuses a batch whose run another thread's transaction still
     held, and by the time it looks the owner up the run is free (`retry_now`): the same
     entries may apply, so `flush_thread` applies them instead of raising."""
-    sink = RacedSink(times=2)
+    sink = raced_sink(times=2)
     buffer = notes_buffer(sink)
     await write(buffer, "t", "x")
     assert await buffer.force_flush("t", timeout_s=5) == 1
@@ -153,7 +157,7 @@ async def test_a_flush_refused_by_what_is_gone_already_tries_again_at_once() -> 
 
 
 async def test_a_flush_refused_again_and_again_gives_up() -> None:
-    buffer = notes_buffer(RacedSink(times=1_000))
+    buffer = notes_buffer(raced_sink(times=1_000))
     await write(buffer, "t", "x")
     with pytest.raises(ConflictError, match=r"kept moving .*\(last refused: raced\)$"):
         await buffer.force_flush("t", timeout_s=5)
