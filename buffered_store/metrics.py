@@ -169,6 +169,11 @@ FLUSHER = Family(
         _c("gaps", "flusher_gaps", "Gaps filled by fetching earlier entries from the stream."),
         _c("entries_fetched", "flusher_entries_fetched", "Entries read back to fill gaps."),
         _c("apply_failures", "flusher_apply_failures", "Thread batches the database rejected."),
+        _c(
+            "applied_with_owner",
+            "flusher_applied_with_owner",
+            "Refused batches applied with the unflushed entries of their run's owner.",
+        ),
         _c("db_retries", "flusher_db_retries", "Apply attempts retried: database unreachable."),
         _c(
             "db_retry_episodes",

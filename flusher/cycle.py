@@ -202,6 +202,7 @@ class CycleRunner:
     async def _after(
         self, work: ThreadWork, batch: list[Entry], outcome: ApplyOutcome
     ) -> ThreadWork | None:
+        outcome = await self._with_owner(batch, outcome)
         if await self._waits_for_owner(work, outcome):
             return None
         failures = self._count_failure(work.thread_id, outcome)
@@ -237,6 +238,40 @@ class CycleRunner:
         )
         await self.settler.all(work.held, Settle.NAK, plan.delay_s)
         return None
+
+    async def _with_owner(self, batch: Sequence[Entry], outcome: ApplyOutcome) -> ApplyOutcome:
+        """Apply a batch refused a run whose owner still has unflushed entries
+        (`ApplyOutcome.waits_for`) again, in one call with the owner's entries read from
+        the stream: the sink writes the owner's delete first, which frees the run (two
+        re-created threads that swapped their runs can only be written together). The
+        owner's messages, wherever they are, find them applied (stale) and are acked.
+        Returns the batch's new outcome (the refusal itself when the owner has nothing
+        unflushed or its entries cannot be read)."""
+        owner = outcome.waits_for
+        if outcome.status is not ApplyStatus.FAILED or owner is None or owner == outcome.thread_id:
+            return outcome
+        try:
+            hot, upto = await self.thread_log.latest(owner)
+            flushed = (await self.target.flushed_seqs([owner]))[owner]
+            if flushed >= upto:
+                return outcome
+            entries = await self.thread_log.entries_between(
+                owner, flushed, upto, hot.record if hot is not None else None
+            )
+        except (WalUnavailableError, WalEntriesMissingError, DatabaseUnavailableError):
+            return outcome  # decided as the refusal it is
+        if not entries:
+            return outcome
+        _, again = await self.apply([entries, batch])
+        if again.status is ApplyStatus.APPLIED:
+            self.stats.applied_with_owner += 1
+        log.info(
+            "thread applied again with the unflushed entries of the thread owning one of "
+            "its runs: %s",
+            again.status.value,
+            extra={"action": "apply_with_owner", "owner": owner},
+        )
+        return again
 
     async def _waits_for_owner(self, work: ThreadWork, outcome: ApplyOutcome) -> bool:
         """Give a thread's messages back, without counting a failure towards its

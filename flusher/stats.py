@@ -53,6 +53,9 @@ class FlusherStats:
     """Entries read back from the stream to fill gaps."""
     apply_failures: int = 0
     """FAILED outcomes (retriable or not)."""
+    applied_with_owner: int = 0
+    """Batches refused a run whose owner had unflushed entries, then applied in one call
+    with those entries read from the stream (the owner's delete freed the run)."""
     db_retries: int = 0
     """Apply calls retried because the database was unavailable."""
     db_retry_episodes: int = 0

@@ -8,7 +8,6 @@ checked against the watermark inside the target, then the KV `flushed` mark is r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -386,51 +385,53 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
     Works without any flusher running; safe against concurrent flushers (the target
     checks the watermark inside its transaction). A thread refused because another
     thread still holds what it needs in the target (`ApplyOutcome.waits_for`: a run whose
-    owner's delete is still in the WAL) flushes that thread first, once, and tries again;
-    one refused by an owner that let the run go meanwhile (`ApplyOutcome.retry_now`: the
-    owner flushed side by side, as `force_flush_all` does) tries again at once.
+    owner's delete is still in the WAL) is tried again together with that thread, in one
+    apply call: the target writes the owner's delete first, and two re-created threads
+    that swapped their runs can only be written together. One refused by an owner that
+    let the run go meanwhile (`ApplyOutcome.retry_now`: the owner flushed side by side,
+    as `force_flush_all` does) tries again at once.
     """
-    return await _flush_thread(log_, target, thread_id, waiting=frozenset())
-
-
-async def _flush_thread(
-    log_: ThreadLog[E, H], target: FlushSink[E], thread_id: str, *, waiting: frozenset[str]
-) -> int:
     hot, upto = await log_.latest(thread_id)
+    group: dict[str, tuple[H | None, int]] = {thread_id: (hot.record if hot else None, upto)}
     raced = ""
     for attempt in range(20):
-        flushed = (await target.flushed_seqs([thread_id]))[thread_id]
-        if flushed >= upto:
+        flushed = await target.flushed_seqs(list(group))
+        if flushed[thread_id] >= upto:
             if attempt == 0 and hot is not None:
-                await _repair_mark(log_, thread_id, flushed, hot.record)
-            return flushed
-        record = hot.record if hot else None
-        entries = await log_.entries_between(thread_id, flushed, upto, record)
-        [outcome] = await target.apply([entries])
+                await _repair_mark(log_, thread_id, flushed[thread_id], hot.record)
+            return flushed[thread_id]
+        pending = [t for t, (_, last) in group.items() if flushed[t] < last]
+        batches = [
+            await log_.entries_between(t, flushed[t], group[t][1], group[t][0]) for t in pending
+        ]
+        outcomes = await target.apply(batches)
+        owners: list[str] = []
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            if outcome.status is ApplyStatus.APPLIED:
+                # A flush outside the flusher acknowledges no WAL message: the KV mark
+                # keeps what it did visible to `flush_status` while the target cannot
+                # answer (the flusher's cycles do not raise marks: their acks tell).
+                last = batch[-1]
+                await log_.raise_mark(last.thread_id, last.seq, last.stream_seq)
+            elif outcome.status is ApplyStatus.FAILED and outcome.waits_for is not None:
+                owners.append(outcome.waits_for)
+        outcome = outcomes[pending.index(thread_id)]
         if outcome.status is ApplyStatus.APPLIED:
-            # A flush outside the flusher acknowledges no WAL message: the KV mark keeps
-            # what it did visible to `flush_status` while the target cannot answer (the
-            # flusher's cycles do not raise marks: their acks tell).
-            last = entries[-1]
-            await log_.raise_mark(thread_id, last.seq, last.stream_seq)
             return outcome.flushed_seq
         if outcome.status is ApplyStatus.FAILED and outcome.retry_now:
             raced = f" (last refused: {outcome.error})"
             await asyncio.sleep(0)  # refused by an owner that has let the run go since
             continue
-        if outcome.status is ApplyStatus.FAILED:
-            owner = outcome.waits_for
-            if owner is not None and owner != thread_id and owner not in waiting:
-                waiting |= {thread_id, owner}
-                # This thread's error tells, should the owner's flush not help.
-                with contextlib.suppress(FlushFailedError, ConflictError):
-                    await _flush_thread(log_, target, owner, waiting=waiting)
-                continue
+        joining = [owner for owner in dict.fromkeys(owners) if owner not in group]
+        if outcome.status is ApplyStatus.FAILED and not joining:
             raise FlushFailedError(
                 f"flushing thread {thread_id!r} failed: {outcome.error}",
                 thread_id=thread_id,
                 retriable=outcome.retriable,
             )
+        for owner in joining:  # flushed with this thread from now on
+            owner_hot, owner_upto = await log_.latest(owner)
+            group[owner] = (owner_hot.record if owner_hot else None, owner_upto)
         await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed{raced}")
 

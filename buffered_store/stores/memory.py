@@ -24,6 +24,7 @@ from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_out
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.errors import CorruptEntryError, StoreClosedError, ValidationError
 from buffered_store.model.changes import (
+    EntryKind,
     WalEntry,
 )
 from buffered_store.model.checkpointing import (
@@ -279,13 +280,68 @@ class InMemoryThreadRunStore:
         Each batch is planned, coalesced and validated before anything of it is written,
         so a FAILED thread leaves no trace; the other batches are unaffected. The batches
         holding a delete go first: another thread of the call may take one of the deleted
-        thread's runs over (as `PostgresThreadRunStore` orders them).
+        thread's runs over (as `PostgresThreadRunStore` orders them). The runs of a
+        thread whose first batch of the call resets it are free for the others from the
+        start, as if every reset came before every write (two re-created threads may
+        swap their runs); a thread so reset that then fails is left out and the call
+        runs again from its start, so nothing of it is written and its runs are its own.
         """
         self._check_open()
         self.apply_calls += 1
         order = [index for group in deletes_first(batches) for index in group]
-        outcomes = {index: self._apply_batch(batches[index]) for index in order}
-        return [outcomes[index] for index in range(len(batches))]
+        resetting = self._resetting(batches, order)
+        if not resetting:
+            outcomes = {index: self._apply_batch(batches[index]) for index in order}
+            return [outcomes[index] for index in range(len(batches))]
+        saved = self._save()
+        left_out: dict[int, ApplyOutcome] = {}
+        while True:
+            outcomes = {
+                index: left_out.get(index) or self._apply_batch(batches[index], resetting)
+                for index in order
+            }
+            failed = next(
+                (
+                    index
+                    for index in order
+                    if index not in left_out
+                    and batches[index][0].thread_id in resetting
+                    and outcomes[index].status is not ApplyStatus.APPLIED
+                ),
+                None,
+            )
+            if failed is None:
+                return [outcomes[index] for index in range(len(batches))]
+            self._restore(saved)
+            left_out[failed] = outcomes[failed]
+            resetting = resetting - {batches[failed][0].thread_id}
+
+    def _resetting(
+        self, batches: Sequence[Sequence[WalEntry]], order: Sequence[int]
+    ) -> frozenset[str]:
+        """The threads whose first batch of the call applies a delete (resets them)."""
+        seen: set[str] = set()
+        resetting: set[str] = set()
+        for index in order:
+            batch = batches[index]
+            if not batch or batch[0].thread_id in seen:
+                continue
+            thread_id = batch[0].thread_id
+            seen.add(thread_id)
+            slot = self._threads.get(thread_id)
+            plan = plan_entries(batch, slot.flushed_seq if slot else 0)
+            if plan.status is PlanStatus.APPLY and any(
+                entry.kind is EntryKind.DELETE for entry in plan.entries
+            ):
+                resetting.add(thread_id)
+        return frozenset(resetting)
+
+    def _save(self) -> tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]:
+        """What `_restore` puts back (slots are replaced, never changed in place)."""
+        return dict(self._threads), dict(self._runs), self.thread_applications, self.applied_entries
+
+    def _restore(self, saved: tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]) -> None:
+        self._threads, self._runs, self.thread_applications, self.applied_entries = saved
 
     async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
         """The stored thread and its watermark (messages: [] when the thread is absent)."""
@@ -363,7 +419,9 @@ class InMemoryThreadRunStore:
         change = coalesce([entry], stored_count=self._stored_count(entry.thread_id))
         self._commit(self._prepare(change))
 
-    def _apply_batch(self, entries: Sequence[WalEntry]) -> ApplyOutcome:
+    def _apply_batch(
+        self, entries: Sequence[WalEntry], resetting: frozenset[str] = frozenset()
+    ) -> ApplyOutcome:
         if not entries:
             return ApplyOutcome(
                 "", ApplyStatus.FAILED, 0, error="empty batch: no entries", retriable=False
@@ -382,7 +440,7 @@ class InMemoryThreadRunStore:
                     thread_id, ApplyStatus.GAP, watermark, missing_from=plan.missing_from
                 )
             write = self._prepare(
-                coalesce(plan.entries, stored_count=self._stored_count(thread_id))
+                coalesce(plan.entries, stored_count=self._stored_count(thread_id)), resetting
             )
         except (ValidationError, CorruptEntryError) as exc:
             # The thread's data is refused: its outcome says so; other threads go on.
@@ -398,8 +456,10 @@ class InMemoryThreadRunStore:
         slot = self._threads.get(thread_id)
         return len(slot.messages) if slot else 0
 
-    def _prepare(self, change: ThreadChange) -> _Write:
-        """Everything a change writes, encoded and checked; raises instead of writing."""
+    def _prepare(self, change: ThreadChange, resetting: frozenset[str] = frozenset()) -> _Write:
+        """Everything a change writes, encoded and checked; raises instead of writing.
+
+        A run owned by a thread in `resetting` (reset by the same call) is free."""
         thread_id = change.thread_id
         old = self._threads.get(thread_id) or _ThreadSlot()
         base = [] if change.reset else old.messages
@@ -417,7 +477,11 @@ class InMemoryThreadRunStore:
                 if run.thread_id != thread_id:
                     raise CorruptEntryError(f"run {run_id!r} belongs to another thread")
                 owner = self._runs.get(run_id)
-                if owner is not None and owner.thread_id != thread_id:
+                if (
+                    owner is not None
+                    and owner.thread_id != thread_id
+                    and owner.thread_id not in resetting
+                ):
                     raise run_owned_elsewhere(run_id, owner.thread_id, thread_id)
                 runs[run_id] = _RunSlot(
                     record=_dumps(run.to_json(), "run"),
@@ -446,7 +510,7 @@ class InMemoryThreadRunStore:
             stored = self._runs.get(run_id)
             if stored is not None and stored.thread_id == write.thread_id:
                 del self._runs[run_id]
-        # `_prepare` refused runs owned by other threads, so none moves here.
+        # `_prepare` refused runs owned by other threads, unless reset by the same call.
         self._runs.update(write.runs)
         self._threads[write.thread_id] = write.slot
 

@@ -14,10 +14,12 @@ number of threads:
    change (`Write.combinable`: no reset, no rows dropped; the call's only batch of the
    thread, no run id shared with another of them) are written together by one statement
    (`postgres_sql.combined_write_statement`), when there are at least two, after every
-   other batch; every other batch gets its own statement (after the reset of a thread
-   re-created after a delete), in thread order, the threads holding a delete first,
-   those deleted for good before those re-created (`planning.deletes_first`: another
-   thread of the call may take one of their runs over).
+   other batch; every other batch gets its own statement, in thread order, the threads
+   holding a delete first, those deleted for good before those re-created
+   (`planning.deletes_first`: another thread of the call may take one of their runs
+   over). The resets of the threads deleted in their first batch of the call come
+   before every write: two re-created threads may swap their runs, each claim needing
+   the other's reset.
 
 A statement the database rejects aborts the pipeline; `Step.batch` names the batch whose
 data it was, and the transaction runs again without that batch (`ApplyCall.rejected`).
@@ -292,11 +294,25 @@ def writing(
     # deleted thread owned may be taken over by another thread of the same call.
     rank = {index: n for n, group in enumerate(deletes_first(call.batches)) for index in group}
     planned_all.sort(key=lambda item: rank[item[0]])
+    # Every reset of a thread's first batch before any write: two re-created threads may
+    # swap their runs, each claim needing the other's reset (a refused one rolls back).
+    hoisted: set[int] = set()
+    first_seen: set[str] = set()
+    for index, planned, _ in planned_all:
+        write = planned.write
+        if write.thread_id in first_seen:
+            continue
+        first_seen.add(write.thread_id)
+        if write.reset:
+            hoisted.add(index)
+            plan.steps.append(
+                _step(compiler, sql.RESET_THREAD, sql.bind(thread_id=write.thread_id), batch=index)
+            )
     for index, planned, base in planned_all:
         if index in together:
             continue
         write = planned.write
-        if write.reset:
+        if write.reset and index not in hoisted:
             plan.steps.append(
                 _step(compiler, sql.RESET_THREAD, sql.bind(thread_id=write.thread_id), batch=index)
             )

@@ -134,24 +134,38 @@ class GenericFlushTarget:
         that completed before keep their raised watermark and come back STALE).
         """
         outcomes: dict[int, ApplyOutcome] = {}
-        for group in deletes_first(batches):
+        groups = deletes_first(batches)
+        # Every delete first: two re-created threads may swap their runs, each claim
+        # needing the other's delete (this pass's outcomes are not kept; replayed again
+        # below, the delete finds nothing more to delete).
+        firsts = {batches[i][0].thread_id: i for i in reversed(groups[0] + groups[1])}
+        await asyncio.gather(
+            *(self._apply_thread(batches[i], reset_only=True) for i in firsts.values())
+        )
+        for group in groups:
             done = await asyncio.gather(*(self._apply_thread(batches[i]) for i in group))
             outcomes.update(zip(group, done, strict=True))
         return [outcomes[index] for index in range(len(batches))]
 
-    async def _apply_thread(self, batch: Sequence[WalEntry]) -> ApplyOutcome:
+    async def _apply_thread(
+        self, batch: Sequence[WalEntry], *, reset_only: bool = False
+    ) -> ApplyOutcome:
         if not batch:
             return ApplyOutcome("", ApplyStatus.FAILED, 0, error="empty batch", retriable=False)
         thread_id = batch[0].thread_id
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._apply_locked(thread_id, batch)
+                return await self._apply_locked(thread_id, batch, reset_only=reset_only)
         finally:
             if not lock.locked() and self._locks.get(thread_id) is lock:
                 del self._locks[thread_id]
 
-    async def _apply_locked(self, thread_id: str, batch: Sequence[WalEntry]) -> ApplyOutcome:
+    async def _apply_locked(
+        self, thread_id: str, batch: Sequence[WalEntry], *, reset_only: bool = False
+    ) -> ApplyOutcome:
+        """Replay the batch above the watermark and raise it; `reset_only`: only delete
+        the thread when the batch would reset it, the watermark left as it is."""
         watermark = (await self.watermarks.get_many([thread_id]))[thread_id]
         if any(entry.thread_id != thread_id for entry in batch):
             return _failed(thread_id, watermark, "a batch holds entries of several threads")
@@ -163,6 +177,10 @@ class GenericFlushTarget:
                 thread_id, ApplyStatus.GAP, watermark, missing_from=plan.missing_from
             )
         try:
+            if reset_only:
+                if any(entry.kind is EntryKind.DELETE for entry in plan.entries):
+                    await self.inner.delete_thread(thread_id)
+                return ApplyOutcome(thread_id, ApplyStatus.STALE, watermark)
             await self._replay(thread_id, plan.entries)
         except BackendUnavailableError as exc:
             raise DatabaseUnavailableError(f"inner store unavailable: {exc}") from exc

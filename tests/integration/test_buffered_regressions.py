@@ -766,3 +766,37 @@ async def test_a_run_taken_over_is_flushed_with_its_owner_side_by_side(
         assert await inner.load_messages(a) == make_messages(1, start=7)
         assert (await store.flush_status(a)).pending == 0
     assert (await store.flush_status(b)).pending == 0
+
+
+@pytest.mark.parametrize("flush", ["force_flush_all", "force_flush"])
+async def test_two_re_created_threads_that_swapped_their_runs_are_flushed(
+    open_store: StoreFactory, inner: InnerStore, flush: str
+) -> None:
+    """A owns run RA and B owns RB, both flushed; both are deleted, A is re-created with RB
+    and B with RA, nothing flushed since. Each claim needs the other thread's delete
+    first: the target wrote each thread's reset just before its own write, and
+    `flush_thread` flushed the owner alone first, so neither could go first and the
+    flush raised `FlushFailedError` (RunOwnershipError). The target now writes every
+    reset of a call before its writes, and `flush_thread` applies a thread together with
+    the owner it waits for."""
+    store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    ra, rb = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
+    await store.checkpoint(a, make_messages(2), make_run(a, ra))
+    await store.checkpoint(b, make_messages(3), make_run(b, rb))
+    await store.force_flush_all()
+    await store.delete_thread(a)
+    await store.delete_thread(b)
+    a_takes, b_takes = make_run(a, rb, steps=4), make_run(b, ra, steps=6)
+    await store.checkpoint(a, make_messages(1, start=5), a_takes)
+    await store.checkpoint(b, make_messages(1, start=8), b_takes)
+    if flush == "force_flush":
+        await store.force_flush(a)
+    else:
+        await store.force_flush_all()
+    assert await inner.list_runs(a) == [a_takes]
+    assert await inner.list_runs(b) == [b_takes]
+    assert await inner.load_messages(a) == make_messages(1, start=5)
+    assert await inner.load_messages(b) == make_messages(1, start=8)
+    for thread_id in (a, b):
+        assert (await store.flush_status(thread_id)).pending == 0

@@ -81,6 +81,8 @@ class FakeThreadLog:
         self.stream = {(e.thread_id, e.seq): e for e in stream}
         self.marks: dict[str, tuple[int, int]] = {}
         self.fail_marks = False
+        self.unreadable: set[str] = set()
+        """Threads whose entries cannot be read back (the stream unreachable)."""
         self.fmt = FORMAT
 
     def subject(self, thread_id: str) -> str:
@@ -96,6 +98,8 @@ class FakeThreadLog:
         self, thread_id: str, after: int, upto: int, hot: HotRecord | None
     ) -> list[WalEntry]:
         self.events.append(("fetch", thread_id, after, upto))
+        if thread_id in self.unreadable:
+            raise WalUnavailableError("stream unreachable")
         try:
             return [self.stream[(thread_id, seq)] for seq in range(after + 1, upto + 1)]
         except KeyError:
@@ -418,11 +422,10 @@ async def test_rounds_are_bounded() -> None:
     assert r.settled("nak") == [3]
 
 
-async def test_a_thread_waiting_for_the_owner_of_its_run_is_not_quarantined() -> None:
+async def test_a_thread_refused_by_an_unflushed_owner_is_applied_with_the_owners_entries() -> None:
     """B took over run R of thread A, deleted since; A's delete is in the WAL but not in
-    this cycle (another flusher holds it, or it backs off). B's refusal (RunOwnershipError,
-    not retriable) used to count towards B's quarantine; while A has unflushed entries it
-    is given back without counting, and applies once A's delete has."""
+    this cycle (another flusher holds it, or it backs off). B is applied again at once in
+    one call with A's entries read from the stream (A's delete first), and acked."""
     inner = InMemoryThreadRunStore()
     owner, claimant = Chain("a"), Chain("b")
     run = make_run("a")
@@ -432,10 +435,70 @@ async def test_a_thread_waiting_for_the_owner_of_its_run_is_not_quarantined() ->
         claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=3
     )
     r = rig(inner, stream=[delete, taken])
+    await r.runner.run([r.msg(taken)])
+    assert ("fetch", "a", 1, 2) in r.events
+    assert await inner.flushed_seqs(["a", "b"]) == {"a": 2, "b": 1}
+    assert await inner.load_run(run.run_id) == run.replace(thread_id="b")
+    assert r.settled("ack") == [3]
+    assert (r.stats.applied_with_owner, r.stats.transactions) == (1, 2)
+    assert r.quarantine.records == {}
+    await r.runner.run([r.msg(delete)])  # the owner's own message: found applied
+    assert r.settled("ack") == [3, 2]
+
+
+async def test_two_re_created_threads_that_swapped_their_runs_in_two_cycles_are_applied() -> None:
+    """A and B deleted, A re-created with B's old run and B with A's, their entries in
+    two cycles: alone, each is refused the run the other still holds, however often it
+    is delivered again; with the other's entries read from the stream both apply."""
+    inner = InMemoryThreadRunStore()
+    a, b = Chain("a"), Chain("b")
+    run_a, run_b = make_run("a"), make_run("b")
+    await inner.apply(
+        [[a.checkpoint(make_messages(1), run_a)], [b.checkpoint(make_messages(2), run_b)]]
+    )
+    a_entries = [
+        dataclasses.replace(a.delete(), stream_seq=3),
+        dataclasses.replace(
+            a.checkpoint(make_messages(1, start=5), run_b.replace(thread_id="a")), stream_seq=4
+        ),
+    ]
+    b_entries = [
+        dataclasses.replace(b.delete(), stream_seq=5),
+        dataclasses.replace(
+            b.checkpoint(make_messages(1, start=7), run_a.replace(thread_id="b")), stream_seq=6
+        ),
+    ]
+    r = rig(inner, stream=[*a_entries, *b_entries])
+    await r.runner.run([r.msg(e) for e in a_entries])
+    assert await inner.flushed_seqs(["a", "b"]) == {"a": 3, "b": 3}
+    assert await inner.list_runs("a") == [run_b.replace(thread_id="a")]
+    assert await inner.list_runs("b") == [run_a.replace(thread_id="b")]
+    assert sorted(r.settled("ack")) == [3, 4]
+    await r.runner.run([r.msg(e) for e in b_entries])
+    assert sorted(r.settled("ack")) == [3, 4, 5, 6]
+    assert r.quarantine.records == {}
+
+
+async def test_a_thread_waiting_for_the_owner_of_its_run_is_not_quarantined() -> None:
+    """As above, but A's entries cannot be read back (the stream unreachable for the
+    fetch). B's refusal (RunOwnershipError, not retriable) used to count towards B's
+    quarantine; while A has unflushed entries it is given back without counting, and
+    applies once A's delete has."""
+    inner = InMemoryThreadRunStore()
+    owner, claimant = Chain("a"), Chain("b")
+    run = make_run("a")
+    await inner.apply([[owner.checkpoint(make_messages(1), run)]])
+    delete = dataclasses.replace(owner.delete(), stream_seq=2)
+    taken = dataclasses.replace(
+        claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=3
+    )
+    r = rig(inner, stream=[delete, taken])
+    r.log.unreadable.add("a")
     for delivered in range(1, 2 * CONFIG.poison_attempts):
         await r.runner.run([r.msg(taken, delivered=delivered)])
         assert r.settled("nak")[-1] == 3
         assert r.quarantine.records == {}
+    assert r.stats.applied_with_owner == 0
     await r.runner.run([r.msg(delete), r.msg(taken, delivered=2 * CONFIG.poison_attempts)])
     assert await inner.flushed_seqs(["a", "b"]) == {"a": 2, "b": 1}
     assert await inner.load_run(run.run_id) == run.replace(thread_id="b")

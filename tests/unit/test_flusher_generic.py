@@ -297,3 +297,26 @@ async def test_a_run_still_owned_elsewhere_names_its_owner() -> None:
         "owner",
     )
     assert "RunOwnershipError" in (outcome.error or "")
+
+
+async def test_two_re_created_threads_swapping_their_runs_in_one_call() -> None:
+    """A and B deleted, A re-created with B's old run and B with A's: replayed thread by
+    thread, each checkpoint found its run still on the other thread (not deleted yet)."""
+    generic, plain = target()
+    a, b = Chain("a"), Chain("b")
+    run_a, run_b = make_run("a"), make_run("b")
+    await generic.apply(
+        [[a.checkpoint(make_messages(2), run_a)], [b.checkpoint(make_messages(1), run_b)]]
+    )
+    a_takes, b_takes = run_b.replace(thread_id="a", steps=3), run_a.replace(thread_id="b", steps=5)
+    outcomes = await generic.apply(
+        [
+            [a.delete(), a.checkpoint(make_messages(1, start=4), a_takes)],
+            [b.delete(), b.checkpoint(make_messages(1, start=6), b_takes)],
+        ]
+    )
+    assert [(o.status, o.flushed_seq) for o in outcomes] == [(ApplyStatus.APPLIED, 3)] * 2
+    assert await plain.list_runs("a") == [a_takes]
+    assert await plain.list_runs("b") == [b_takes]
+    assert await plain.load_messages("a") == make_messages(1, start=4)
+    assert await plain.load_messages("b") == make_messages(1, start=6)

@@ -231,6 +231,34 @@ def test_a_reset_that_claims_runs_is_not_committed_blindly() -> None:
     assert writing.steps[-1].sql == b"COMMIT"
 
 
+def test_every_reset_of_a_call_comes_before_its_first_gated_write() -> None:
+    # A and B re-created, each taking the other's old run: each gate needs the other's
+    # reset first. A thread's later batch that resets again keeps its place after the
+    # thread's earlier write (the reset drops what that write wrote).
+    a, b, c = Chain("a"), Chain("b"), Chain("c")
+    a.checkpoint(1, run_id="ra")
+    b.checkpoint(1, run_id="rb")
+    rows = {t.thread_id: t.row() for t in (a, b, c)}
+    a_batch = [a.delete(), a.checkpoint(1, run_id="rb")]
+    b_batch = [b.delete(), b.checkpoint(1, run_id="ra")]
+    c_first = [c.checkpoint(1, run_id="rc")]
+    c_again = [c.delete(), c.checkpoint(1, run_id="rc2")]
+    writing = plan.writing(call_of(a_batch, b_batch, c_first, c_again), rows, {"c"}, COMPILER)
+    reset = sql_of(sql.RESET_THREAD)
+    shape = [(step.batch, step.sql == reset) for step in writing.steps if step.batch is not None]
+    assert shape == [
+        (0, True),
+        (1, True),
+        (0, False),
+        (1, False),
+        (2, False),
+        (3, True),
+        (3, False),
+    ]
+    assert {index: w.at for index, w in writing.writes.items()} == {0: 2, 1: 3, 2: 4, 3: 6}
+    assert not writing.commit  # a refused gate must not commit the resets
+
+
 def test_refused_writes_name_the_owner_after_the_commit() -> None:
     thief, other = Chain("thief"), Chain("other")
     call = call_of([thief.checkpoint(1, run_id="shared")], [other.checkpoint(1)])

@@ -311,6 +311,59 @@ class FlushTargetContract:
         recreated = await target.load_thread(owner.thread_id)
         assert (recreated is not None) == (owner_after == "re-create")
 
+    @cases("blocked", [False, True])
+    async def test_two_re_created_threads_swapping_their_runs_in_one_call(
+        self, target: InnerStore, blocked: bool
+    ) -> None:
+        # A and B are deleted; A is re-created with B's old run and B with A's. Each
+        # claim needs the other thread's delete applied first, so no order of the two
+        # threads works: every reset of the call must come before any of its writes.
+        # Blocked: A's re-creation also names a run a live third thread owns, so A is
+        # refused; its delete must then not be applied either (nothing of a refused
+        # thread is written), and B, whose run A still holds, is refused waiting for A.
+        a, b, c = Chain(fresh_id("a")), Chain(fresh_id("b")), Chain(fresh_id("c"))
+        run_a, run_b, run_c = make_run(a.thread_id), make_run(b.thread_id), make_run(c.thread_id)
+        await target.apply(
+            [
+                [a.checkpoint(make_messages(2), run_a)],
+                [b.checkpoint(make_messages(3), run_b)],
+                [c.checkpoint(make_messages(1), run_c)],
+            ]
+        )
+        a_takes = run_b.replace(thread_id=a.thread_id, steps=4)
+        b_takes = run_a.replace(thread_id=b.thread_id, steps=6)
+        a_batch = [a.delete(), a.checkpoint(make_messages(1, start=5), a_takes)]
+        if blocked:
+            a_batch.append(
+                a.checkpoint(make_messages(2, start=5), run_c.replace(thread_id=a.thread_id))
+            )
+        b_batch = [b.delete(), b.checkpoint(make_messages(1, start=8), b_takes)]
+        outcomes = await target.apply([a_batch, b_batch])
+        if not blocked:
+            assert [o.status for o in outcomes] == [ApplyStatus.APPLIED] * 2
+            assert [o.flushed_seq for o in outcomes] == [3, 3]
+            assert await target.list_runs(a.thread_id) == [a_takes]
+            assert await target.list_runs(b.thread_id) == [b_takes]
+            assert await target.load_run(run_b.run_id) == a_takes
+            assert await target.load_run(run_a.run_id) == b_takes
+            assert await target.load_messages(a.thread_id) == make_messages(1, start=5)
+            assert await target.load_messages(b.thread_id) == make_messages(1, start=8)
+            return
+        # A's runs are held by C and, once B's delete is not applied either, by B: its
+        # error may name either.
+        assert [(o.status, o.retriable) for o in outcomes] == [(ApplyStatus.FAILED, False)] * 2
+        assert outcomes[0].waits_for in {b.thread_id, c.thread_id}
+        assert outcomes[1].waits_for == a.thread_id
+        assert await target.flushed_seqs([a.thread_id, b.thread_id]) == {
+            a.thread_id: 1,
+            b.thread_id: 1,
+        }
+        assert await target.list_runs(a.thread_id) == [run_a]
+        assert await target.list_runs(b.thread_id) == [run_b]
+        assert await target.load_messages(a.thread_id) == make_messages(2)
+        assert await target.load_messages(b.thread_id) == make_messages(3)
+        assert await target.load_run(run_c.run_id) == run_c
+
     async def test_two_threads_claiming_one_new_run_in_one_call(self, target: InnerStore) -> None:
         first, second = Chain(), Chain()
         run = make_run(first.thread_id)
