@@ -72,6 +72,18 @@ def failed_outcome(
     )
 
 
+def let_go_outcome(thread_id: str, watermark: int) -> ApplyOutcome:
+    """The FAILED outcome of a batch refused a run whose owner has let it go since (no
+    other thread owns it now): the same entries may apply at once (`retry_now`)."""
+    return ApplyOutcome(
+        thread_id,
+        ApplyStatus.FAILED,
+        watermark,
+        error=f"ConflictError: thread {thread_id!r}: a run it names belonged to another thread",
+        retry_now=True,
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FlushStatus:
     """How far a thread's checkpoints have been flushed to the inner store."""

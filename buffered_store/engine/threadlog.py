@@ -406,13 +406,18 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
         ]
         outcomes = await target.apply(batches)
         owners: list[str] = []
-        for batch, outcome in zip(batches, outcomes, strict=True):
+        moved = False  # a helper's outcome says to read again (it may be what refused)
+        for member, batch, outcome in zip(pending, batches, outcomes, strict=True):
+            if member != thread_id and (
+                outcome.status in (ApplyStatus.STALE, ApplyStatus.GAP) or outcome.retry_now
+            ):
+                moved = True
             if outcome.status is ApplyStatus.APPLIED:
                 # A flush outside the flusher acknowledges no WAL message: the KV mark
                 # keeps what it did visible to `flush_status` while the target cannot
                 # answer (the flusher's cycles do not raise marks: their acks tell).
                 last = batch[-1]
-                await log_.raise_mark(last.thread_id, last.seq, last.stream_seq)
+                await log_.raise_mark(member, last.seq, last.stream_seq)
             elif outcome.status is ApplyStatus.FAILED and outcome.waits_for is not None:
                 owners.append(outcome.waits_for)
         outcome = outcomes[pending.index(thread_id)]
@@ -423,7 +428,7 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
             await asyncio.sleep(0)  # refused by an owner that has let the run go since
             continue
         joining = [owner for owner in dict.fromkeys(owners) if owner not in group]
-        if outcome.status is ApplyStatus.FAILED and not joining:
+        if outcome.status is ApplyStatus.FAILED and not joining and not moved:
             raise FlushFailedError(
                 f"flushing thread {thread_id!r} failed: {outcome.error}",
                 thread_id=thread_id,

@@ -20,7 +20,12 @@ from typing import Any
 
 import orjson
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_outcome
+from buffered_store.engine.flushing import (
+    ApplyOutcome,
+    ApplyStatus,
+    failed_outcome,
+    let_go_outcome,
+)
 from buffered_store.engine.ids import check_id, utcnow
 from buffered_store.errors import CorruptEntryError, StoreClosedError, ValidationError
 from buffered_store.model.changes import (
@@ -280,11 +285,13 @@ class InMemoryThreadRunStore:
         Each batch is planned, coalesced and validated before anything of it is written,
         so a FAILED thread leaves no trace; the other batches are unaffected. The batches
         holding a delete go first: another thread of the call may take one of the deleted
-        thread's runs over (as `PostgresThreadRunStore` orders them). The runs of a
-        thread whose first batch of the call resets it are free for the others from the
-        start, as if every reset came before every write (two re-created threads may
-        swap their runs); a thread so reset that then fails is left out and the call
-        runs again from its start, so nothing of it is written and its runs are its own.
+        thread's runs over (as `PostgresThreadRunStore` orders them). As if every reset
+        came before every write (two re-created threads may swap their runs), the runs a
+        thread held when the call began are free for the others when its first batch of
+        the call resets it; a thread so reset that then does not apply is left out and
+        the call runs again from its start, so nothing of it is written and its runs are
+        its own. A refusal left out so is judged again on the final state, as Postgres
+        looks the owner up after its commit.
         """
         self._check_open()
         self.apply_calls += 1
@@ -296,32 +303,31 @@ class InMemoryThreadRunStore:
         saved = self._save()
         left_out: dict[int, ApplyOutcome] = {}
         while True:
+            free = {run_id: run for run_id, run in saved[1].items() if run.thread_id in resetting}
             outcomes = {
-                index: left_out.get(index) or self._apply_batch(batches[index], resetting)
+                index: left_out.get(index) or self._apply_batch(batches[index], free)
                 for index in order
             }
             failed = next(
-                (
-                    index
-                    for index in order
-                    if index not in left_out
-                    and batches[index][0].thread_id in resetting
-                    and outcomes[index].status is not ApplyStatus.APPLIED
-                ),
+                (i for i in resetting.values() if outcomes[i].status is not ApplyStatus.APPLIED),
                 None,
             )
             if failed is None:
-                return [outcomes[index] for index in range(len(batches))]
+                break
             self._restore(saved)
             left_out[failed] = outcomes[failed]
-            resetting = resetting - {batches[failed][0].thread_id}
+            del resetting[batches[failed][0].thread_id]
+        for index, outcome in left_out.items():
+            outcomes[index] = self._refusal_now(batches[index], outcome)
+        return [outcomes[index] for index in range(len(batches))]
 
     def _resetting(
         self, batches: Sequence[Sequence[WalEntry]], order: Sequence[int]
-    ) -> frozenset[str]:
-        """The threads whose first batch of the call applies a delete (resets them)."""
+    ) -> dict[str, int]:
+        """The threads whose first batch of the call applies a delete (resets them), with
+        the index of that batch."""
         seen: set[str] = set()
-        resetting: set[str] = set()
+        resetting: dict[str, int] = {}
         for index in order:
             batch = batches[index]
             if not batch or batch[0].thread_id in seen:
@@ -333,15 +339,34 @@ class InMemoryThreadRunStore:
             if plan.status is PlanStatus.APPLY and any(
                 entry.kind is EntryKind.DELETE for entry in plan.entries
             ):
-                resetting.add(thread_id)
-        return frozenset(resetting)
+                resetting[thread_id] = index
+        return resetting
 
     def _save(self) -> tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]:
         """What `_restore` puts back (slots are replaced, never changed in place)."""
         return dict(self._threads), dict(self._runs), self.thread_applications, self.applied_entries
 
     def _restore(self, saved: tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]) -> None:
-        self._threads, self._runs, self.thread_applications, self.applied_entries = saved
+        """Back to `saved`, which stays as it is (the dicts put back are copies)."""
+        threads, runs, self.thread_applications, self.applied_entries = saved
+        self._threads, self._runs = dict(threads), dict(runs)
+
+    def _refusal_now(self, entries: Sequence[WalEntry], recorded: ApplyOutcome) -> ApplyOutcome:
+        """A left-out batch refused a run, judged on the state the call leaves: the run's
+        owner now, or, when its runs are nobody else's any more, `let_go_outcome` (the
+        same entries may apply at once)."""
+        if recorded.waits_for is None:
+            return recorded
+        thread_id = entries[0].thread_id
+        watermark = recorded.flushed_seq
+        plan = plan_entries(entries, watermark)
+        change = coalesce(plan.entries, stored_count=self._stored_count(thread_id))
+        for run_id in change.runs:
+            owner = self._runs.get(run_id)
+            if owner is not None and owner.thread_id != thread_id:
+                error = run_owned_elsewhere(run_id, owner.thread_id, thread_id)
+                return failed_outcome(thread_id, watermark, error, retriable=False)
+        return let_go_outcome(thread_id, watermark)
 
     async def read_thread(self, thread_id: str, *, with_messages: bool) -> StoredThread:
         """The stored thread and its watermark (messages: [] when the thread is absent)."""
@@ -420,7 +445,7 @@ class InMemoryThreadRunStore:
         self._commit(self._prepare(change))
 
     def _apply_batch(
-        self, entries: Sequence[WalEntry], resetting: frozenset[str] = frozenset()
+        self, entries: Sequence[WalEntry], free: Mapping[str, _RunSlot] | None = None
     ) -> ApplyOutcome:
         if not entries:
             return ApplyOutcome(
@@ -440,7 +465,7 @@ class InMemoryThreadRunStore:
                     thread_id, ApplyStatus.GAP, watermark, missing_from=plan.missing_from
                 )
             write = self._prepare(
-                coalesce(plan.entries, stored_count=self._stored_count(thread_id)), resetting
+                coalesce(plan.entries, stored_count=self._stored_count(thread_id)), free
             )
         except (ValidationError, CorruptEntryError) as exc:
             # The thread's data is refused: its outcome says so; other threads go on.
@@ -456,10 +481,11 @@ class InMemoryThreadRunStore:
         slot = self._threads.get(thread_id)
         return len(slot.messages) if slot else 0
 
-    def _prepare(self, change: ThreadChange, resetting: frozenset[str] = frozenset()) -> _Write:
+    def _prepare(self, change: ThreadChange, free: Mapping[str, _RunSlot] | None = None) -> _Write:
         """Everything a change writes, encoded and checked; raises instead of writing.
 
-        A run owned by a thread in `resetting` (reset by the same call) is free."""
+        A run whose stored slot is still the one in `free` (held by a thread the same
+        call resets) may be taken over."""
         thread_id = change.thread_id
         old = self._threads.get(thread_id) or _ThreadSlot()
         base = [] if change.reset else old.messages
@@ -480,7 +506,7 @@ class InMemoryThreadRunStore:
                 if (
                     owner is not None
                     and owner.thread_id != thread_id
-                    and owner.thread_id not in resetting
+                    and (free is None or free.get(run_id) is not owner)
                 ):
                     raise run_owned_elsewhere(run_id, owner.thread_id, thread_id)
                 runs[run_id] = _RunSlot(

@@ -41,8 +41,8 @@ from typing import Any
 
 from sqlalchemy.sql import ClauseElement
 
-from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
-from buffered_store.errors import ConflictError, StoreError, ValidationError
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, let_go_outcome
+from buffered_store.errors import StoreError, ValidationError
 from buffered_store.model.changes import (
     WalEntry,
 )
@@ -427,15 +427,5 @@ def refused_outcomes(refusals: Sequence[Refusal], results: Sequence[StepResult])
             done[refusal.index] = (codec.failed(refusal.thread_id, refusal.flushed_seq, error), 0)
         else:
             # The owner changed again since (its thread deleted): the same entries may apply.
-            error = ConflictError(
-                f"thread {refusal.thread_id!r}: a run it names belonged to another thread"
-            )
-            outcome = ApplyOutcome(
-                refusal.thread_id,
-                ApplyStatus.FAILED,
-                refusal.flushed_seq,
-                error=f"{type(error).__name__}: {error}",
-                retry_now=True,
-            )
-            done[refusal.index] = (outcome, 0)
+            done[refusal.index] = (let_go_outcome(refusal.thread_id, refusal.flushed_seq), 0)
     return done

@@ -31,7 +31,7 @@ distinct run in it (usually one), not N.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus, failed_outcome
@@ -135,37 +135,32 @@ class GenericFlushTarget:
         """
         outcomes: dict[int, ApplyOutcome] = {}
         groups = deletes_first(batches)
-        # Every delete first: two re-created threads may swap their runs, each claim
-        # needing the other's delete (this pass's outcomes are not kept; replayed again
-        # below, the delete finds nothing more to delete).
-        firsts = {batches[i][0].thread_id: i for i in reversed(groups[0] + groups[1])}
-        await asyncio.gather(
-            *(self._apply_thread(batches[i], reset_only=True) for i in firsts.values())
-        )
         for group in groups:
             done = await asyncio.gather(*(self._apply_thread(batches[i]) for i in group))
             outcomes.update(zip(group, done, strict=True))
+        # Re-created threads refused a run that another thread of the call held until its
+        # delete: replayed side by side, the delete may have come too late, and two
+        # threads that swapped their runs each wait for the other's. Failed replays did
+        # delete their threads, so a second replay finds the runs free.
+        again = replay_again(batches, groups, outcomes)
+        if again:
+            done = await asyncio.gather(*(self._apply_thread(batches[i]) for i in again))
+            outcomes.update(zip(again, done, strict=True))
         return [outcomes[index] for index in range(len(batches))]
 
-    async def _apply_thread(
-        self, batch: Sequence[WalEntry], *, reset_only: bool = False
-    ) -> ApplyOutcome:
+    async def _apply_thread(self, batch: Sequence[WalEntry]) -> ApplyOutcome:
         if not batch:
             return ApplyOutcome("", ApplyStatus.FAILED, 0, error="empty batch", retriable=False)
         thread_id = batch[0].thread_id
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._apply_locked(thread_id, batch, reset_only=reset_only)
+                return await self._apply_locked(thread_id, batch)
         finally:
             if not lock.locked() and self._locks.get(thread_id) is lock:
                 del self._locks[thread_id]
 
-    async def _apply_locked(
-        self, thread_id: str, batch: Sequence[WalEntry], *, reset_only: bool = False
-    ) -> ApplyOutcome:
-        """Replay the batch above the watermark and raise it; `reset_only`: only delete
-        the thread when the batch would reset it, the watermark left as it is."""
+    async def _apply_locked(self, thread_id: str, batch: Sequence[WalEntry]) -> ApplyOutcome:
         watermark = (await self.watermarks.get_many([thread_id]))[thread_id]
         if any(entry.thread_id != thread_id for entry in batch):
             return _failed(thread_id, watermark, "a batch holds entries of several threads")
@@ -177,10 +172,6 @@ class GenericFlushTarget:
                 thread_id, ApplyStatus.GAP, watermark, missing_from=plan.missing_from
             )
         try:
-            if reset_only:
-                if any(entry.kind is EntryKind.DELETE for entry in plan.entries):
-                    await self.inner.delete_thread(thread_id)
-                return ApplyOutcome(thread_id, ApplyStatus.STALE, watermark)
             await self._replay(thread_id, plan.entries)
         except BackendUnavailableError as exc:
             raise DatabaseUnavailableError(f"inner store unavailable: {exc}") from exc
@@ -258,6 +249,33 @@ class GenericFlushTarget:
     async def flushed_seqs(self, thread_ids: Sequence[str]) -> dict[str, int]:
         """Watermarks of several threads (0 for unknown ones)."""
         return await self.watermarks.get_many(thread_ids)
+
+
+def replay_again(
+    batches: Sequence[Sequence[WalEntry]],
+    groups: Sequence[Sequence[int]],
+    outcomes: Mapping[int, ApplyOutcome],
+) -> list[int]:
+    """The batches of re-created threads (`groups[1]` of `deletes_first`) to replay
+    once more: FAILED waiting for (`ApplyOutcome.waits_for`) a thread of the call holding
+    a delete that has applied since, or that is itself to be replayed again (each
+    waiting for the other's delete: two threads that swapped their runs). In order."""
+    deleting = {batches[i][0].thread_id: i for group in groups[:2] for i in group}
+    waiting = {
+        batches[i][0].thread_id: (i, owner)
+        for i in groups[1]
+        if outcomes[i].status is ApplyStatus.FAILED and (owner := outcomes[i].waits_for) in deleting
+    }
+    while True:
+        stuck = [
+            thread_id
+            for thread_id, (_, owner) in waiting.items()
+            if owner not in waiting and outcomes[deleting[owner]].status is not ApplyStatus.APPLIED
+        ]
+        if not stuck:
+            return sorted(i for i, _ in waiting.values())
+        for thread_id in stuck:
+            del waiting[thread_id]
 
 
 def _runs_in_order(change: ThreadChange, entries: Sequence[WalEntry]) -> list[RunRecord]:

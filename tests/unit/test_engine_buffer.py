@@ -164,6 +164,63 @@ async def test_a_flush_refused_again_and_again_gives_up() -> None:
     await buffer.close()
 
 
+class PairSink(NotesSink):
+    """Applies thread "t" and "o" only together, in one call (each waits for the other,
+    as two re-created threads that swapped their runs); `moved_once`: the first call
+    holding both says "o" was flushed meanwhile (STALE) and refuses "t"."""
+
+    def __init__(self, *, moved_once: bool = False) -> None:
+        super().__init__()
+        self.moved_once = moved_once
+        self.calls: list[list[str]] = []
+
+    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        ids = [b[0].thread_id for b in batches]
+        self.calls.append(ids)
+        if {"t", "o"} <= set(ids) and not self.moved_once:
+            return await super().apply(batches)
+        if {"t", "o"} <= set(ids):
+            self.moved_once = False
+            return [
+                ApplyOutcome("o", ApplyStatus.STALE, 0)
+                if t == "o"
+                else ApplyOutcome(t, ApplyStatus.FAILED, 0, error="no", waits_for="o")
+                for t in ids
+            ]
+        other = {"t": "o", "o": "t"}
+        return [
+            ApplyOutcome(t, ApplyStatus.FAILED, 0, error=f"needs {other[t]}", waits_for=other[t])
+            for t in ids
+        ]
+
+
+@pytest.mark.parametrize("moved_once", [False, True])
+async def test_a_flush_waiting_for_an_owner_applies_both_in_one_call(moved_once: bool) -> None:
+    """`flush_thread` flushed the owner alone first and then the thread: two threads that
+    each wait for the other could never be flushed. Now the owner joins the thread's
+    apply call. An owner found moved meanwhile (STALE) is no reason to give up."""
+    sink = PairSink(moved_once=moved_once)
+    buffer = notes_buffer(sink)
+    await write(buffer, "t", "x")
+    await write(buffer, "o", "y")
+    assert await buffer.force_flush("t", timeout_s=5) == 1
+    assert sink.calls == [["t"], ["t", "o"]] + ([["t", "o"]] if moved_once else [])
+    assert sink.texts == {"t": ["x"], "o": ["y"]}
+    assert await buffer.force_flush("o", timeout_s=5) == 1
+    assert len(sink.calls) == 2 + moved_once  # nothing left to apply for "o"
+    await buffer.close()
+
+
+async def test_a_flush_waiting_for_an_owner_that_cannot_help_fails() -> None:
+    sink = PairSink()
+    buffer = notes_buffer(sink)
+    await write(buffer, "t", "x")  # "o" has nothing in the WAL: it cannot join
+    with pytest.raises(FlushFailedError, match="needs o"):
+        await buffer.force_flush("t", timeout_s=5)
+    assert sink.calls == [["t"], ["t"]]
+    await buffer.close()
+
+
 async def test_entries_gone_from_the_stream_raise_their_own_error() -> None:
     buffer = notes_buffer(NotesSink())
     for i in range(3):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from buffered_store.engine.flushing import ApplyStatus
+from buffered_store.engine.flushing import ApplyOutcome, ApplyStatus
 from buffered_store.errors import (
     ConflictError,
     DatabaseRefusedError,
@@ -33,7 +33,7 @@ from buffered_store.model.records import CheckpointReceipt, Message, RunRecord, 
 from buffered_store.model.target import FlushTarget
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import make_messages, make_run
-from buffered_store.threadrun.generic import GenericFlushTarget, MemoryWatermarks
+from buffered_store.threadrun.generic import GenericFlushTarget, MemoryWatermarks, replay_again
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -320,3 +320,30 @@ async def test_two_re_created_threads_swapping_their_runs_in_one_call() -> None:
     assert await plain.list_runs("b") == [b_takes]
     assert await plain.load_messages("a") == make_messages(1, start=4)
     assert await plain.load_messages("b") == make_messages(1, start=6)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        # thread: (status, waits_for); threads "a".."c" re-created, "d" deleted for good
+        ({"a": ("failed", "b"), "b": ("failed", "a")}, [0, 1]),  # swapped
+        ({"a": ("failed", "b"), "b": ("applied", None)}, [0]),  # its delete came too late
+        ({"a": ("failed", "d"), "b": ("applied", None)}, [0]),  # deleted for good, applied
+        ({"a": ("failed", "b"), "b": ("failed", None)}, []),  # b failed for its own reason
+        ({"a": ("failed", "b"), "b": ("failed", "c"), "c": ("failed", None)}, []),  # chain
+        ({"a": ("failed", "x"), "b": ("applied", None)}, []),  # owner not in the call
+        ({"a": ("failed", "b"), "b": ("failed", "c"), "c": ("failed", "a")}, [0, 1, 2]),
+    ],
+)
+def test_which_re_created_threads_are_replayed_again(
+    statuses: dict[str, tuple[str, str | None]], expected: list[int]
+) -> None:
+    chains = {t: Chain(t) for t in [*statuses, "d"]}
+    batches = [[chains[t].delete()] for t in [*statuses, "d"]]
+    outcomes = {
+        i: ApplyOutcome(t, ApplyStatus(status), 0, waits_for=owner)
+        for i, (t, (status, owner)) in enumerate(statuses.items())
+    }
+    outcomes[len(statuses)] = ApplyOutcome("d", ApplyStatus.APPLIED, 1)
+    groups = [[len(statuses)], list(range(len(statuses))), []]
+    assert replay_again(batches, groups, outcomes) == expected

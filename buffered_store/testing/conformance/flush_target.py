@@ -364,6 +364,73 @@ class FlushTargetContract:
         assert await target.load_messages(b.thread_id) == make_messages(3)
         assert await target.load_run(run_c.run_id) == run_c
 
+    async def test_refusals_chained_through_resets_write_nothing(self, target: InnerStore) -> None:
+        # A (re-created) is refused a run a live thread C owns, so A's delete is not
+        # applied; then B (re-created), taking A's old run, is refused; then W, taking
+        # B's old run. Each refusal undoes what the one before had freed.
+        a, b, c, w = (Chain(fresh_id(p)) for p in "abcw")
+        run_a, run_b, run_c = make_run(a.thread_id), make_run(b.thread_id), make_run(c.thread_id)
+        await target.apply(
+            [
+                [a.checkpoint(make_messages(1), run_a)],
+                [b.checkpoint(make_messages(2), run_b)],
+                [c.checkpoint(make_messages(1), run_c)],
+            ]
+        )
+        outcomes = await target.apply(
+            [
+                [a.delete(), a.checkpoint(make_messages(1), run_c.replace(thread_id=a.thread_id))],
+                [b.delete(), b.checkpoint(make_messages(1), run_a.replace(thread_id=b.thread_id))],
+                [w.checkpoint(make_messages(1), run_b.replace(thread_id=w.thread_id))],
+            ]
+        )
+        assert [(o.status, o.waits_for) for o in outcomes] == [
+            (ApplyStatus.FAILED, c.thread_id),
+            (ApplyStatus.FAILED, a.thread_id),
+            (ApplyStatus.FAILED, b.thread_id),
+        ]
+        for chain, run in ((a, run_a), (b, run_b), (c, run_c)):
+            assert await target.load_run(run.run_id) == run
+            assert await target.list_runs(chain.thread_id) == [run]
+        assert await target.load_thread(w.thread_id) is None
+        assert await target.flushed_seqs([a.thread_id, b.thread_id, w.thread_id]) == {
+            a.thread_id: 1,
+            b.thread_id: 1,
+            w.thread_id: 0,
+        }
+
+    @cases("second_re_created", [False, True])
+    async def test_a_re_created_thread_keeping_its_run_while_another_claims_it(
+        self, target: InnerStore, second_re_created: bool
+    ) -> None:
+        # X is re-created with its own old run R, and W claims R in the same call (two
+        # claims of one run, which the writer lets through only when a claim lapsed).
+        # One thread at most holds R. W plain: X keeps R, W is refused. W re-created too
+        # (and first): each write is refused by the other's, nothing is written, and X's
+        # refusal says it may apply at once: alone, it does.
+        w, x = Chain(fresh_id("a")), Chain(fresh_id("z"))
+        run = make_run(x.thread_id)
+        seed = [[x.checkpoint(make_messages(1), run)]]
+        if second_re_created:
+            seed.insert(0, [w.checkpoint(make_messages(2))])
+        await target.apply(seed)
+        kept = run.replace(thread_id=x.thread_id, steps=2)
+        x_batch = [x.delete(), x.checkpoint(make_messages(1, start=3), kept)]
+        w_batch = [w.delete()] if second_re_created else []
+        w_batch.append(w.checkpoint(make_messages(1, start=6), run.replace(thread_id=w.thread_id)))
+        w_out, x_out = await target.apply([w_batch, x_batch])
+        assert (w_out.status, w_out.waits_for) == (ApplyStatus.FAILED, x.thread_id)
+        if not second_re_created:
+            assert x_out.status is ApplyStatus.APPLIED
+        else:
+            assert (x_out.status, x_out.retry_now) == (ApplyStatus.FAILED, True)
+            assert await target.load_run(run.run_id) == run
+            [x_out] = await target.apply([x_batch])
+            assert x_out.status is ApplyStatus.APPLIED
+        assert await target.load_run(run.run_id) == kept
+        assert await target.list_runs(x.thread_id) == [kept]
+        assert run.run_id not in {r.run_id for r in await target.list_runs(w.thread_id)}
+
     async def test_two_threads_claiming_one_new_run_in_one_call(self, target: InnerStore) -> None:
         first, second = Chain(), Chain()
         run = make_run(first.thread_id)
