@@ -406,11 +406,12 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
         ]
         outcomes = await target.apply(batches)
         owners: list[str] = []
-        moved = False  # a helper's outcome says to read again (it may be what refused)
+        # A helper moved by another flusher meanwhile (its refusal of this thread may
+        # be gone): read again. (A helper's `retry_now` may come from this thread's own
+        # claim in the same call: no reason to try the same call again.)
+        moved = False
         for member, batch, outcome in zip(pending, batches, outcomes, strict=True):
-            if member != thread_id and (
-                outcome.status in (ApplyStatus.STALE, ApplyStatus.GAP) or outcome.retry_now
-            ):
+            if member != thread_id and outcome.status in (ApplyStatus.STALE, ApplyStatus.GAP):
                 moved = True
             if outcome.status is ApplyStatus.APPLIED:
                 # A flush outside the flusher acknowledges no WAL message: the KV mark

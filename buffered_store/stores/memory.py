@@ -295,7 +295,13 @@ class InMemoryThreadRunStore:
         """
         self._check_open()
         self.apply_calls += 1
-        order = [index for group in deletes_first(batches) for index in group]
+        # In thread id order within each group, as Postgres writes them (which of two
+        # claims of one run comes first decides which is refused).
+        order = [
+            index
+            for group in deletes_first(batches)
+            for index in sorted(group, key=lambda i: batches[i][0].thread_id if batches[i] else "")
+        ]
         resetting = self._resetting(batches, order)
         if not resetting:
             outcomes = {index: self._apply_batch(batches[index]) for index in order}

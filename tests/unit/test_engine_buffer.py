@@ -221,6 +221,39 @@ async def test_a_flush_waiting_for_an_owner_that_cannot_help_fails() -> None:
     await buffer.close()
 
 
+class KeeperSink(NotesSink):
+    """Thread "o" keeps a run "t" claims too: "t" is refused waiting for "o", and with
+    "t" in the same call "o" is refused as by what is gone already (`retry_now`), as the
+    Postgres store answers when both claims undo each other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    async def apply(self, batches: Sequence[Sequence[Note]]) -> list[ApplyOutcome]:
+        ids = [b[0].thread_id for b in batches]
+        self.calls.append(ids)
+        return [
+            ApplyOutcome(t, ApplyStatus.FAILED, 0, error="no", waits_for="o")
+            if t == "t"
+            else ApplyOutcome(t, ApplyStatus.FAILED, 0, error="raced", retry_now=True)
+            for t in ids
+        ]
+
+
+async def test_a_helper_refused_by_the_threads_own_claim_is_no_reason_to_spin() -> None:
+    """A helper's `retry_now` counted as "moved meanwhile": the same call was tried 20
+    times and ended in ConflictError ("kept moving"). The thread's refusal tells."""
+    sink = KeeperSink()
+    buffer = notes_buffer(sink)
+    await write(buffer, "t", "x")
+    await write(buffer, "o", "y")
+    with pytest.raises(FlushFailedError, match="no"):
+        await buffer.force_flush("t", timeout_s=5)
+    assert sink.calls == [["t"], ["t", "o"]]
+    await buffer.close()
+
+
 async def test_entries_gone_from_the_stream_raise_their_own_error() -> None:
     buffer = notes_buffer(NotesSink())
     for i in range(3):

@@ -399,15 +399,19 @@ class FlushTargetContract:
             w.thread_id: 0,
         }
 
-    @cases("second_re_created", [False, True])
+    @cases(
+        "second_re_created, keeper_first",
+        [(False, False), (True, False), (True, True)],
+    )
     async def test_a_re_created_thread_keeping_its_run_while_another_claims_it(
-        self, target: InnerStore, second_re_created: bool
+        self, target: InnerStore, second_re_created: bool, keeper_first: bool
     ) -> None:
         # X is re-created with its own old run R, and W claims R in the same call (two
         # claims of one run, which the writer lets through only when a claim lapsed).
         # One thread at most holds R. W plain: X keeps R, W is refused. W re-created too
         # (and first): each write is refused by the other's, nothing is written, and X's
-        # refusal says it may apply at once: alone, it does.
+        # refusal says it may apply at once: alone, it does. Whatever the order of the
+        # batches in the call: threads are written in id order.
         w, x = Chain(fresh_id("a")), Chain(fresh_id("z"))
         run = make_run(x.thread_id)
         seed = [[x.checkpoint(make_messages(1), run)]]
@@ -418,7 +422,10 @@ class FlushTargetContract:
         x_batch = [x.delete(), x.checkpoint(make_messages(1, start=3), kept)]
         w_batch = [w.delete()] if second_re_created else []
         w_batch.append(w.checkpoint(make_messages(1, start=6), run.replace(thread_id=w.thread_id)))
-        w_out, x_out = await target.apply([w_batch, x_batch])
+        if keeper_first:
+            x_out, w_out = await target.apply([x_batch, w_batch])
+        else:
+            w_out, x_out = await target.apply([w_batch, x_batch])
         assert (w_out.status, w_out.waits_for) == (ApplyStatus.FAILED, x.thread_id)
         if not second_re_created:
             assert x_out.status is ApplyStatus.APPLIED
