@@ -290,8 +290,9 @@ class InMemoryThreadRunStore:
         thread held when the call began are free for the others when its first batch of
         the call resets it; a thread so reset that then does not apply is left out and
         the call runs again from its start, so nothing of it is written and its runs are
-        its own. A refusal left out so is judged again on the final state, as Postgres
-        looks the owner up after its commit.
+        its own, with the first refused batch of every other thread (as Postgres runs its
+        transaction again). A refusal left out so is judged again on the final state, as
+        Postgres looks the owner up after its commit.
         """
         self._check_open()
         self.apply_calls += 1
@@ -320,9 +321,19 @@ class InMemoryThreadRunStore:
             )
             if failed is None:
                 break
+            # As Postgres runs its transaction again: without that batch, nor the first
+            # refused batch of any other thread (refused a run, maybe one a left-out
+            # reset had freed: judged again at the end).
             self._restore(saved)
-            left_out[failed] = outcomes[failed]
-            del resetting[batches[failed][0].thread_id]
+            refused = {failed} | {
+                i for i in order if i not in left_out and outcomes[i].waits_for is not None
+            }
+            first_of: dict[str, int] = {}
+            for index in sorted(refused, key=order.index):
+                first_of.setdefault(batches[index][0].thread_id, index)
+            for thread_id, index in first_of.items():
+                left_out[index] = outcomes[index]
+                resetting.pop(thread_id, None)
         for index, outcome in left_out.items():
             outcomes[index] = self._refusal_now(batches[index], outcome)
         return [outcomes[index] for index in range(len(batches))]

@@ -399,6 +399,45 @@ class FlushTargetContract:
             w.thread_id: 0,
         }
 
+    async def test_a_refusal_undone_by_a_left_out_reset_may_apply_at_once(
+        self, target: InnerStore
+    ) -> None:
+        # A (re-created) is refused a run a live thread C owns. Y takes A's old run and a
+        # new run N; Z claims N too. With A's reset Y would write N first and refuse Z;
+        # without it Y is refused too. Z was refused only by a write that never happened:
+        # its refusal says it may apply at once, and alone it does.
+        a, c, y, z = (
+            Chain(fresh_id("a")),
+            Chain(fresh_id("c")),
+            Chain(fresh_id("y")),
+            Chain(fresh_id("z")),
+        )
+        run_a, run_c = make_run(a.thread_id), make_run(c.thread_id)
+        await target.apply(
+            [[a.checkpoint(make_messages(1), run_a)], [c.checkpoint(make_messages(1), run_c)]]
+        )
+        new_run = make_run(y.thread_id)
+        y_first = y.checkpoint(make_messages(1), run_a.replace(thread_id=y.thread_id))
+        z_batch = [z.checkpoint(make_messages(1), new_run.replace(thread_id=z.thread_id))]
+        a_out, y_out, z_out = await target.apply(
+            [
+                [a.delete(), a.checkpoint(make_messages(1), run_c.replace(thread_id=a.thread_id))],
+                [y_first, y.checkpoint(make_messages(2), new_run)],
+                z_batch,
+            ]
+        )
+        assert [(o.status, o.waits_for) for o in (a_out, y_out)] == [
+            (ApplyStatus.FAILED, c.thread_id),
+            (ApplyStatus.FAILED, a.thread_id),
+        ]
+        assert (z_out.status, z_out.retry_now) == (ApplyStatus.FAILED, True)
+        assert await target.load_run(new_run.run_id) is None
+        [z_out] = await target.apply([z_batch])
+        assert z_out.status is ApplyStatus.APPLIED
+        stored = await target.load_run(new_run.run_id)
+        assert stored is not None
+        assert stored.thread_id == z.thread_id
+
     @cases(
         "second_re_created, keeper_first",
         [(False, False), (True, False), (True, True)],
