@@ -22,6 +22,7 @@ from buffered_store.errors import (
 from buffered_store.model.changes import (
     WalEntry,
 )
+from buffered_store.model.records import RunRecord
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, make_entries, make_messages, make_run
 from buffered_store.testing.conformance.flush_target import Chain
@@ -422,10 +423,11 @@ async def test_rounds_are_bounded() -> None:
     assert r.settled("nak") == [3]
 
 
-async def test_a_thread_refused_by_an_unflushed_owner_is_applied_with_the_owners_entries() -> None:
-    """B took over run R of thread A, deleted since; A's delete is in the WAL but not in
-    this cycle (another flusher holds it, or it backs off). B is applied again at once in
-    one call with A's entries read from the stream (A's delete first), and acked."""
+async def run_taken_over_from_a_deleted_owner() -> tuple[
+    InMemoryThreadRunStore, RunRecord, WalEntry, WalEntry
+]:
+    """Thread "a" flushed with run R; its delete (stream seq 2) and "b"'s checkpoint
+    taking R over (stream seq 3), neither applied."""
     inner = InMemoryThreadRunStore()
     owner, claimant = Chain("a"), Chain("b")
     run = make_run("a")
@@ -434,6 +436,14 @@ async def test_a_thread_refused_by_an_unflushed_owner_is_applied_with_the_owners
     taken = dataclasses.replace(
         claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=3
     )
+    return inner, run, delete, taken
+
+
+async def test_a_thread_refused_by_an_unflushed_owner_is_applied_with_the_owners_entries() -> None:
+    """B took over run R of thread A, deleted since; A's delete is in the WAL but not in
+    this cycle (another flusher holds it, or it backs off). B is applied again at once in
+    one call with A's entries read from the stream (A's delete first), and acked."""
+    inner, run, delete, taken = await run_taken_over_from_a_deleted_owner()
     r = rig(inner, stream=[delete, taken])
     await r.runner.run([r.msg(taken)])
     assert ("fetch", "a", 1, 2) in r.events
@@ -484,14 +494,7 @@ async def test_a_thread_waiting_for_the_owner_of_its_run_is_not_quarantined() ->
     fetch). B's refusal (RunOwnershipError, not retriable) used to count towards B's
     quarantine; while A has unflushed entries it is given back without counting, and
     applies once A's delete has."""
-    inner = InMemoryThreadRunStore()
-    owner, claimant = Chain("a"), Chain("b")
-    run = make_run("a")
-    await inner.apply([[owner.checkpoint(make_messages(1), run)]])
-    delete = dataclasses.replace(owner.delete(), stream_seq=2)
-    taken = dataclasses.replace(
-        claimant.checkpoint(make_messages(1), run.replace(thread_id="b")), stream_seq=3
-    )
+    inner, run, delete, taken = await run_taken_over_from_a_deleted_owner()
     r = rig(inner, stream=[delete, taken])
     r.log.unreadable.add("a")
     for delivered in range(1, 2 * CONFIG.poison_attempts):
