@@ -341,8 +341,9 @@ class InMemoryThreadRunStore:
     def _resetting(
         self, batches: Sequence[Sequence[WalEntry]], order: Sequence[int]
     ) -> dict[str, int]:
-        """The threads whose first batch of the call applies a delete (resets them), with
-        the index of that batch."""
+        """The threads whose first batch of the call with something to apply holds a
+        delete (resets them), with the index of that batch (as Postgres hoists the reset
+        of a thread's first planned batch)."""
         seen: set[str] = set()
         resetting: dict[str, int] = {}
         for index in order:
@@ -350,12 +351,12 @@ class InMemoryThreadRunStore:
             if not batch or batch[0].thread_id in seen:
                 continue
             thread_id = batch[0].thread_id
-            seen.add(thread_id)
             slot = self._threads.get(thread_id)
             plan = plan_entries(batch, slot.flushed_seq if slot else 0)
-            if plan.status is PlanStatus.APPLY and any(
-                entry.kind is EntryKind.DELETE for entry in plan.entries
-            ):
+            if plan.status is not PlanStatus.APPLY:
+                continue  # stale or a gap: writes nothing, the next batch may
+            seen.add(thread_id)
+            if any(entry.kind is EntryKind.DELETE for entry in plan.entries):
                 resetting[thread_id] = index
         return resetting
 

@@ -323,10 +323,11 @@ class FlushTargetContract:
         # thread is written), and B, whose run A still holds, is refused waiting for A.
         a, b, c = Chain(fresh_id("a")), Chain(fresh_id("b")), Chain(fresh_id("c"))
         run_a, run_b, run_c = make_run(a.thread_id), make_run(b.thread_id), make_run(c.thread_id)
+        b_seeded = [b.checkpoint(make_messages(3), run_b)]
         await target.apply(
             [
                 [a.checkpoint(make_messages(2), run_a)],
-                [b.checkpoint(make_messages(3), run_b)],
+                b_seeded,
                 [c.checkpoint(make_messages(1), run_c)],
             ]
         )
@@ -338,7 +339,9 @@ class FlushTargetContract:
                 a.checkpoint(make_messages(2, start=5), run_c.replace(thread_id=a.thread_id))
             )
         b_batch = [b.delete(), b.checkpoint(make_messages(1, start=8), b_takes)]
-        outcomes = await target.apply([a_batch, b_batch])
+        # A batch of B that is stale already comes first: what resets B is the next one.
+        stale, *outcomes = await target.apply([b_seeded, a_batch, b_batch])
+        assert stale.status is ApplyStatus.STALE
         if not blocked:
             assert [o.status for o in outcomes] == [ApplyStatus.APPLIED] * 2
             assert [o.flushed_seq for o in outcomes] == [3, 3]
