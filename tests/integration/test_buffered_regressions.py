@@ -800,3 +800,37 @@ async def test_two_re_created_threads_that_swapped_their_runs_are_flushed(
     assert await inner.load_messages(b) == make_messages(1, start=8)
     for thread_id in (a, b):
         assert (await store.flush_status(thread_id)).pending == 0
+
+
+async def test_a_flusher_applies_two_re_created_threads_that_swapped_their_runs(
+    open_store: StoreFactory, inner: InnerStore
+) -> None:
+    """The swap above, flushed by a running flusher instead of `force_flush`: all four
+    entries land in one cycle, and its one apply call must write both resets first."""
+    from flusher import Flusher, FlusherConfig
+
+    store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    ra, rb = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
+    await store.checkpoint(a, make_messages(2), make_run(a, ra))
+    await store.checkpoint(b, make_messages(3), make_run(b, rb))
+    await store.force_flush_all()
+    await store.delete_thread(a)
+    await store.delete_thread(b)
+    a_takes, b_takes = make_run(a, rb, steps=4), make_run(b, ra, steps=6)
+    await store.checkpoint(a, make_messages(1, start=5), a_takes)
+    await store.checkpoint(b, make_messages(1, start=8), b_takes)
+    config = FlusherConfig.from_store_config(
+        store.config, flush_interval_s=0.05, fetch_timeout_s=0.2, nak_delay_initial_s=0.05
+    )
+    flusher = Flusher(inner, config)
+    await flusher.start()
+    try:
+        await flusher.wait_idle(timeout_s=20)
+        stats = flusher.stats()
+    finally:
+        await flusher.stop(drain=False)
+    assert await inner.list_runs(a) == [a_takes]
+    assert await inner.list_runs(b) == [b_takes]
+    assert await inner.flushed_seqs([a, b]) == {a: 3, b: 3}
+    assert (stats["apply_failures"], stats["quarantined_threads"]) == (0, 0)
