@@ -321,19 +321,25 @@ class InMemoryThreadRunStore:
             )
             if failed is None:
                 break
-            # As Postgres runs its transaction again: without that batch, nor the first
-            # refused batch of any other thread (refused a run, maybe one a left-out
-            # reset had freed: judged again at the end).
             self._restore(saved)
-            refused = {failed} | {
-                i for i in order if i not in left_out and outcomes[i].waits_for is not None
-            }
+            if outcomes[failed].waits_for is None:
+                # Its data is refused: Postgres decides that in planning and never writes
+                # its reset; the others are judged again without it.
+                refused = {failed}
+            else:
+                # As Postgres runs its transaction again: without that batch, nor the
+                # first refused batch of any other thread (refused a run, maybe one a
+                # left-out reset had freed: judged again at the end).
+                refused = {failed} | {
+                    i for i in order if i not in left_out and outcomes[i].waits_for is not None
+                }
             first_of: dict[str, int] = {}
             for index in sorted(refused, key=order.index):
                 first_of.setdefault(batches[index][0].thread_id, index)
             for thread_id, index in first_of.items():
                 left_out[index] = outcomes[index]
-                resetting.pop(thread_id, None)
+                if resetting.get(thread_id) == index:
+                    del resetting[thread_id]
         for index, outcome in left_out.items():
             outcomes[index] = self._refusal_now(batches[index], outcome)
         return [outcomes[index] for index in range(len(batches))]
@@ -377,9 +383,13 @@ class InMemoryThreadRunStore:
             return recorded
         thread_id = entries[0].thread_id
         watermark = recorded.flushed_seq
-        plan = plan_entries(entries, watermark)
-        change = coalesce(plan.entries, stored_count=self._stored_count(thread_id))
-        for run_id in change.runs:
+        named: list[str] = []  # the runs the batch writes: those after its last delete
+        for entry in plan_entries(entries, watermark).entries:
+            if entry.kind is EntryKind.DELETE:
+                named = []
+            elif entry.run is not None and entry.run.run_id not in named:
+                named.append(entry.run.run_id)
+        for run_id in named:
             owner = self._runs.get(run_id)
             if owner is not None and owner.thread_id != thread_id:
                 error = run_owned_elsewhere(run_id, owner.thread_id, thread_id)

@@ -402,6 +402,55 @@ class FlushTargetContract:
             w.thread_id: 0,
         }
 
+    async def test_a_re_created_thread_refused_for_its_data_frees_none_of_its_runs(
+        self, target: InnerStore
+    ) -> None:
+        # A is deleted and re-created with data that cannot apply: its delete is not
+        # written, so X, claiming A's old run Q and a new run S, is refused, and Y,
+        # claiming S too, applies (S was never X's).
+        a, x, y = Chain(fresh_id("a")), Chain(fresh_id("x")), Chain(fresh_id("y"))
+        run_q = make_run(a.thread_id)
+        await target.apply([[a.checkpoint(make_messages(2), run_q)]])
+        delete = a.delete()
+        corrupt = replace_entry(a.checkpoint(make_messages(1)), keep=5, message_count=6)
+        run_s = make_run(x.thread_id)
+        x_batch = [
+            x.checkpoint(make_messages(1), run_q.replace(thread_id=x.thread_id)),
+            x.checkpoint(make_messages(2), run_s),
+        ]
+        y_batch = [y.checkpoint(make_messages(1), run_s.replace(thread_id=y.thread_id))]
+        a_out, x_out, y_out = await target.apply([[delete, corrupt], x_batch, y_batch])
+        assert (a_out.status, a_out.retriable, a_out.waits_for) == (ApplyStatus.FAILED, False, None)
+        assert (x_out.status, x_out.waits_for) == (ApplyStatus.FAILED, a.thread_id)
+        assert y_out.status is ApplyStatus.APPLIED
+        assert await target.load_run(run_q.run_id) == run_q
+        assert await target.list_runs(y.thread_id) == [run_s.replace(thread_id=y.thread_id)]
+
+    async def test_a_later_refused_batch_keeps_its_threads_reset(self, target: InnerStore) -> None:
+        # A gives two batches: a1 re-creates A with B's old run, a2 then claims a run a
+        # live thread C owns and is refused; D, re-created, is refused C's run too. B,
+        # re-created with A's old run, needs a1's reset, which a2's refusal must not undo.
+        b, a, c, d = (Chain(fresh_id(p)) for p in "bzcd")
+        runs = {chain.thread_id: make_run(chain.thread_id) for chain in (a, b, c, d)}
+        await target.apply(
+            [[chain.checkpoint(make_messages(1), runs[chain.thread_id])] for chain in (a, b, c, d)]
+        )
+        run_a, run_b, run_c = runs[a.thread_id], runs[b.thread_id], runs[c.thread_id]
+        a1 = [a.delete(), a.checkpoint(make_messages(1), run_b.replace(thread_id=a.thread_id))]
+        a2 = [a.checkpoint(make_messages(2), run_c.replace(thread_id=a.thread_id))]
+        b_batch = [b.delete(), b.checkpoint(make_messages(1), run_a.replace(thread_id=b.thread_id))]
+        d_batch = [d.delete(), d.checkpoint(make_messages(1), run_c.replace(thread_id=d.thread_id))]
+        outcomes = await target.apply([a1, a2, b_batch, d_batch])
+        assert [(o.status, o.waits_for) for o in outcomes] == [
+            (ApplyStatus.APPLIED, None),
+            (ApplyStatus.FAILED, c.thread_id),
+            (ApplyStatus.APPLIED, None),
+            (ApplyStatus.FAILED, c.thread_id),
+        ]
+        assert await target.list_runs(a.thread_id) == [a1[1].run]
+        assert await target.list_runs(b.thread_id) == [b_batch[1].run]
+        assert await target.load_run(run_c.run_id) == run_c
+
     async def test_a_refusal_undone_by_a_left_out_reset_may_apply_at_once(
         self, target: InnerStore
     ) -> None:
