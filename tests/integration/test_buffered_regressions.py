@@ -21,7 +21,7 @@ from buffered_store.errors import (
     RunOwnershipError,
     WalUnavailableError,
 )
-from buffered_store.model.records import CheckpointReceipt
+from buffered_store.model.records import CheckpointReceipt, RunRecord
 from buffered_store.model.target import StoredThread
 from buffered_store.stores.memory import InMemoryThreadRunStore
 from buffered_store.testing import FaultyFlushTarget, InnerStore, make_messages, make_run
@@ -768,6 +768,24 @@ async def test_a_run_taken_over_is_flushed_with_its_owner_side_by_side(
     assert (await store.flush_status(b)).pending == 0
 
 
+async def swap_runs_of_two_re_created_threads(
+    store: BufferedThreadRunStore,
+) -> tuple[RunRecord, RunRecord]:
+    """A (run RA) and B (run RB) flushed, both deleted, A re-created with RB and B with RA
+    (nothing flushed since); returns the runs A and B now hold."""
+    a, b = tid("a"), tid("b")
+    ra, rb = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
+    await store.checkpoint(a, make_messages(2), make_run(a, ra))
+    await store.checkpoint(b, make_messages(3), make_run(b, rb))
+    await store.force_flush_all()
+    await store.delete_thread(a)
+    await store.delete_thread(b)
+    a_takes, b_takes = make_run(a, rb, steps=4), make_run(b, ra, steps=6)
+    await store.checkpoint(a, make_messages(1, start=5), a_takes)
+    await store.checkpoint(b, make_messages(1, start=8), b_takes)
+    return a_takes, b_takes
+
+
 @pytest.mark.parametrize("flush", ["force_flush_all", "force_flush"])
 async def test_two_re_created_threads_that_swapped_their_runs_are_flushed(
     open_store: StoreFactory, inner: InnerStore, flush: str
@@ -780,16 +798,8 @@ async def test_two_re_created_threads_that_swapped_their_runs_are_flushed(
     reset of a call before its writes, and `flush_thread` applies a thread together with
     the owner it waits for."""
     store = await open_store(inner, drain_on_close=False)
-    a, b = tid("a"), tid("b")
-    ra, rb = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
-    await store.checkpoint(a, make_messages(2), make_run(a, ra))
-    await store.checkpoint(b, make_messages(3), make_run(b, rb))
-    await store.force_flush_all()
-    await store.delete_thread(a)
-    await store.delete_thread(b)
-    a_takes, b_takes = make_run(a, rb, steps=4), make_run(b, ra, steps=6)
-    await store.checkpoint(a, make_messages(1, start=5), a_takes)
-    await store.checkpoint(b, make_messages(1, start=8), b_takes)
+    a_takes, b_takes = await swap_runs_of_two_re_created_threads(store)
+    a, b = a_takes.thread_id, b_takes.thread_id
     if flush == "force_flush":
         await store.force_flush(a)
     else:
@@ -810,16 +820,8 @@ async def test_a_flusher_applies_two_re_created_threads_that_swapped_their_runs(
     from flusher import Flusher, FlusherConfig
 
     store = await open_store(inner, drain_on_close=False)
-    a, b = tid("a"), tid("b")
-    ra, rb = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
-    await store.checkpoint(a, make_messages(2), make_run(a, ra))
-    await store.checkpoint(b, make_messages(3), make_run(b, rb))
-    await store.force_flush_all()
-    await store.delete_thread(a)
-    await store.delete_thread(b)
-    a_takes, b_takes = make_run(a, rb, steps=4), make_run(b, ra, steps=6)
-    await store.checkpoint(a, make_messages(1, start=5), a_takes)
-    await store.checkpoint(b, make_messages(1, start=8), b_takes)
+    a_takes, b_takes = await swap_runs_of_two_re_created_threads(store)
+    a, b = a_takes.thread_id, b_takes.thread_id
     config = FlusherConfig.from_store_config(
         store.config, flush_interval_s=0.05, fetch_timeout_s=0.2, nak_delay_initial_s=0.05
     )
