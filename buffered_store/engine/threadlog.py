@@ -438,7 +438,8 @@ async def flush_thread(log_: ThreadLog[E, H], target: FlushSink[E], thread_id: s
         for owner in joining:  # flushed with this thread from now on
             owner_hot, owner_upto = await log_.latest(owner)
             group[owner] = (owner_hot.record if owner_hot else None, owner_upto)
-        await asyncio.sleep(0)  # STALE or GAP: another flusher moved it; read again
+        # STALE or GAP (another flusher moved it), a helper moved, or owners joined.
+        await asyncio.sleep(0)
     raise ConflictError(f"thread {thread_id!r} kept moving while being flushed{raced}")
 
 

@@ -101,6 +101,10 @@ class _Write:
     dropped_runs: frozenset[str]
 
 
+_Saved = tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]
+"""The threads, the runs and the two apply counters, as `apply` may put them back."""
+
+
 def _dumps(value: Any, what: str) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
@@ -298,12 +302,14 @@ class InMemoryThreadRunStore:
         self.apply_calls += 1
         # In thread id order within each group, as Postgres writes them (which of two
         # claims of one run comes first decides which is refused).
+        groups = deletes_first(batches)
         order = [
             index
-            for group in deletes_first(batches)
+            for group in groups
             for index in sorted(group, key=lambda i: batches[i][0].thread_id if batches[i] else "")
         ]
-        resetting = self._resetting(batches, order)
+        holding_a_delete = set(groups[0]) | set(groups[1])
+        resetting = self._resetting(batches, [i for i in order if i in holding_a_delete])
         if not resetting:
             outcomes = {index: self._apply_batch(batches[index]) for index in order}
             return [outcomes[index] for index in range(len(batches))]
@@ -347,9 +353,9 @@ class InMemoryThreadRunStore:
     def _resetting(
         self, batches: Sequence[Sequence[WalEntry]], order: Sequence[int]
     ) -> dict[str, int]:
-        """The threads whose first batch of the call with something to apply holds a
-        delete (resets them), with the index of that batch (as Postgres hoists the reset
-        of a thread's first planned batch)."""
+        """Of the threads of `order` (those holding a delete), the ones whose first batch
+        of the call with something to apply holds a delete (resets them), with the index
+        of that batch (as Postgres hoists the reset of a thread's first planned batch)."""
         seen: set[str] = set()
         resetting: dict[str, int] = {}
         for index in order:
@@ -366,11 +372,11 @@ class InMemoryThreadRunStore:
                 resetting[thread_id] = index
         return resetting
 
-    def _save(self) -> tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]:
+    def _save(self) -> _Saved:
         """What `_restore` puts back (slots are replaced, never changed in place)."""
         return dict(self._threads), dict(self._runs), self.thread_applications, self.applied_entries
 
-    def _restore(self, saved: tuple[dict[str, _ThreadSlot], dict[str, _RunSlot], int, int]) -> None:
+    def _restore(self, saved: _Saved) -> None:
         """Back to `saved`, which stays as it is (the dicts put back are copies)."""
         threads, runs, self.thread_applications, self.applied_entries = saved
         self._threads, self._runs = dict(threads), dict(runs)
