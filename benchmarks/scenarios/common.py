@@ -49,15 +49,39 @@ def judge_pg_tx(
 
 
 def judge_latency(
-    key: str, q: str, direct: dict[str, Any], buffered: dict[str, Any], suffix: str = ""
+    key: str,
+    q: str,
+    direct: dict[str, Any],
+    buffered: dict[str, Any],
+    suffix: str = "",
+    *,
+    floor: dict[str, Any] | None = None,
+    alone: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Latency quantile `q`, direct over buffered (>= 5)."""
+    """Latency quantile `q`, direct over buffered (>= 5). Reported beside it: `floor`, the
+    raw publish + KV CAS loop run on the buffered side's nats-server at the same load,
+    with direct's quantile over the floor's (the most a write path of those two round
+    trips could gain); `alone`, the buffered write path at that load without a flusher."""
     d = side_get(direct, "latency_ms", q)
     b = side_get(buffered, "latency_ms", q)
     r = ratio(d, b)
+    beside = ""
+    if floor is not None:
+        f = side_get(floor, "latency_ms", q)
+        beside += (
+            f"; the raw publish + KV CAS loop's own {q} on the same nats-server at this load "
+            f"{fmt(f, 'ms')} ms (direct/raw = {fmt(ratio(d, f))}: the most any "
+            "two-round-trip write path can gain here)"
+        )
+    if alone is not None:
+        a = side_get(alone, "latency_ms", q)
+        beside += (
+            f"; the buffered write path alone there (no flusher process writing its acks "
+            f"and trims to that server, nor sharing the cores) {fmt(a, 'ms')} ms"
+        )
     return target(
         key,
-        f"{q}: direct {fmt(d, 'ms')} ms vs buffered {fmt(b, 'ms')} ms",
+        f"{q}: direct {fmt(d, 'ms')} ms vs buffered {fmt(b, 'ms')} ms{beside}",
         ratio=r,
         met=None if r is None else r >= 5,
         suffix=suffix,

@@ -4,6 +4,8 @@ latter twice: on a default nats-server and on one with ``sync_interval: always``
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..harness import Bench
 from ..sides import SidePlan, run_side
 from ..workload import Workload
@@ -15,6 +17,7 @@ from .common import (
     judge_pg_tx,
     judge_round_trips,
 )
+from .raw import run_raw
 
 DESCRIPTION = (
     "64 threads each checkpoint 20 times a second (open loop, paced), starting from a "
@@ -22,7 +25,9 @@ DESCRIPTION = (
     "sides run back to back on the same machine and servers, each on a database of its "
     "own: direct `PostgresThreadRunStore`, then the buffered store with a flusher process "
     "on the default nats-server, then on a nats-server with `sync_interval: always` (the "
-    "durable mode: every WAL write is fsynced)."
+    "durable mode: every WAL write is fsynced), and there again without a flusher (the write "
+    "path alone); last, the raw publish + KV CAS loop of the `raw` scenario paced the same "
+    "on that durable nats-server: the latency floor of two fsynced round trips at this load."
 )
 
 
@@ -52,15 +57,37 @@ async def run(bench: Bench) -> Outcome:
         SidePlan("direct", "direct Postgres", "direct"),
         SidePlan("buffered", "buffered (NATS default)", "buffered"),
         SidePlan("buffered_durable", "buffered (sync_interval: always)", "buffered", durable_url),
+        SidePlan(
+            "buffered_durable_alone",
+            "buffered, no flusher (sync_interval: always)",
+            "buffered",
+            durable_url,
+            flusher=False,
+        ),
     ]
     sides = {plan.key: await run_side(bench, plan, wl) for plan in plans}
+    # The floor of the durable side: the two round trips alone, each fsynced, at this load.
+    sides["raw_durable"] = await run_raw(
+        bench,
+        wl,
+        key="raw_durable",
+        label="raw publish + KV CAS (sync_interval: always)",
+        durable=True,
+    )
     interval = bench.buffered_config(bench.nats_url, "x").flush_interval_s
     direct = sides["direct"]
     targets = []
+    beside: dict[str, dict[str, Any]] = {
+        "buffered": {},
+        "buffered_durable": {
+            "floor": sides["raw_durable"],
+            "alone": sides["buffered_durable_alone"],
+        },
+    }
     for key, suffix in (("buffered", ""), ("buffered_durable", "sync_interval: always")):
         targets += [
             judge_pg_tx(direct, sides[key], suffix),
-            judge_latency("p99", "p99", direct, sides[key], suffix),
+            judge_latency("p99", "p99", direct, sides[key], suffix, **beside[key]),
             judge_round_trips(sides[key], suffix),
             judge_flush_lag(sides[key], interval, suffix),
         ]

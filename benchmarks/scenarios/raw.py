@@ -68,12 +68,16 @@ async def run_raw(
     *,
     key: str = "raw",
     label: str = "raw publish + KV CAS",
+    durable: bool = False,
 ) -> dict[str, Any]:
     """The raw publish + KV CAS loop as one side (closed loop, or paced when `wl` has a
-    rate); each call runs on a stream and bucket of its own."""
+    rate); each call runs on a stream and bucket of its own, on the default nats-server
+    or (`durable`) on the one with ``sync_interval: always``."""
     tag = f"{bench.tag}{key}".replace("_", "")
     stream, bucket = f"RAW_{tag}", f"raw-hot-{tag}"
-    nc = await nats.connect(bench.nats_url, name="bench-raw")
+    url = await bench.durable_nats_url() if durable else bench.nats_url
+    server = "nats_server_durable" if durable else "nats_server"
+    nc = await nats.connect(url, name="bench-raw")
     js = nc.jetstream(timeout=5)
     await js.add_stream(
         StreamConfig(
@@ -115,7 +119,7 @@ async def run_raw(
             await kv.update(key, hot, last=rev) if rev else await kv.create(key, hot)
         )
 
-    meter = CpuMeter({"harness": os.getpid, "nats_server": lambda: bench.pids()["nats_server"]})
+    meter = CpuMeter({"harness": os.getpid, "nats_server": lambda: bench.pids()[server]})
     log = LatencyLog()
     timeline = Timeline()
     task = bench.task("raw publish + KV CAS: run", total=wl.duration_s)
@@ -156,6 +160,7 @@ async def run_raw(
         "key": key,
         "label": label,
         "kind": "raw",
+        "nats_server": "sync_interval: always" if durable else "default",
         "workload": wl.__dict__,
         "offered_per_s": wl.target_rate,
         "late_slots": result.late_slots,

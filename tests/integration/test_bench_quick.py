@@ -35,7 +35,10 @@ LG_PHASES = ("max", "25", "50", "90")
 
 # scenario -> (side keys, extra plots)
 SCENARIOS: dict[str, tuple[set[str], set[str]]] = {
-    "hot-threads": ({"direct", "buffered", "buffered_durable"}, {"timeline.png"}),
+    "hot-threads": (
+        {"direct", "buffered", "buffered_durable", "buffered_durable_alone", "raw_durable"},
+        {"timeline.png"},
+    ),
     "saturate": ({"direct", "buffered"}, {"timeline.png"}),
     "remote-db": ({"direct", "buffered"}, {"timeline.png"}),
     "pg-outage": ({"direct", "buffered"}, {"timeline.png"}),
@@ -161,6 +164,26 @@ def check_curve(data: dict[str, Any], report: str) -> None:
     assert data["parameters"]["api"] == "append"
     assert "## Latency against offered load" in report
     assert "latency_vs_load.png" in report
+
+
+def check_hot_threads(data: dict[str, Any], report: str) -> None:
+    """The durable side's p99 is reported beside the raw loop's on the same fsyncing
+    nats-server, paced at the same load, and beside its write path alone (no flusher);
+    the default side's is not."""
+    sides = data["sides"]
+    raw, direct = sides["raw_durable"], sides["direct"]
+    assert raw["kind"] == "raw"
+    assert raw["nats_server"] == "sync_interval: always"
+    assert raw["offered_per_s"] == direct["offered_per_s"]
+    assert sides["buffered_durable_alone"]["offered_per_s"] == direct["offered_per_s"]
+    p99 = {t["figure"]: t["measured"] for t in data["targets"] if t["id"] == "p99"}
+    assert len(p99) == 2
+    for figure, measured in p99.items():
+        durable = "sync_interval: always" in figure
+        assert ("raw publish + KV CAS loop's own p99 on the same nats-server" in measured) is (
+            durable
+        ), figure
+        assert ("the buffered write path alone there" in measured) is durable, figure
 
 
 def check_soak(data: dict[str, Any], report: str) -> None:
@@ -338,6 +361,7 @@ def test_langgraph_quick_with_postgres_behind_a_delaying_link(tmp_path: Path) ->
 SCENARIO_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "langgraph": check_langgraph,
     "curve": check_curve,
+    "hot-threads": check_hot_threads,
     "spark-overlay": check_spark_overlay,
     "writer-cpu": check_writer_cpu,
     "soak": check_soak,

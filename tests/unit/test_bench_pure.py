@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         wait_or_stop,
     )
     from benchmarks.report import speed_line, target_counts, targets_table
-    from benchmarks.scenarios.common import backlog_growing, backlog_trend
+    from benchmarks.scenarios.common import backlog_growing, backlog_trend, judge_latency
     from benchmarks.scenarios.curve import curve_points, maximum
     from benchmarks.scenarios.curve import judge as judge_curve
     from benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
@@ -72,7 +72,11 @@ else:
         wait_or_stop,
     )
     from buffered_store.benchmarks.report import speed_line, target_counts, targets_table
-    from buffered_store.benchmarks.scenarios.common import backlog_growing, backlog_trend
+    from buffered_store.benchmarks.scenarios.common import (
+        backlog_growing,
+        backlog_trend,
+        judge_latency,
+    )
     from buffered_store.benchmarks.scenarios.curve import curve_points, maximum
     from buffered_store.benchmarks.scenarios.curve import judge as judge_curve
     from buffered_store.benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
@@ -245,6 +249,33 @@ def test_curve_judges_buffered_against_direct_and_shows_the_write_path_alone_bes
         "buffered_90_alone": False,
         "buffered_writer_only": False,
     }
+
+
+def test_a_latency_judged_beside_its_floor_reports_what_the_floor_leaves_to_gain() -> None:
+    direct, buffered, raw = (
+        paced_point("direct", 240.0),
+        paced_point("buffered", 60.0),
+        paced_point("raw", 50.0),
+    )
+    plain = judge_latency("p99", "p99", direct, buffered)
+    beside = judge_latency(
+        "p99",
+        "p99",
+        direct,
+        buffered,
+        "sync_interval: always",
+        floor=raw,
+        alone=paced_point("buffered", 30.0),
+    )
+    # The ratio judged is the same with or without the floor: direct over buffered.
+    assert plain["ratio"] == beside["ratio"] == pytest.approx(4.0)
+    assert plain["met"] is beside["met"] is False
+    assert "raw publish" not in plain["measured"]
+    assert "own p99 on the same nats-server at this load 50.00 ms" in beside["measured"]
+    assert "(direct/raw = 4.800:" in beside["measured"]
+    assert "the buffered write path alone there" in beside["measured"]
+    assert beside["measured"].endswith("sharing the cores) 30.00 ms")
+    assert beside["figure"].endswith("(sync_interval: always)")
 
 
 def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
