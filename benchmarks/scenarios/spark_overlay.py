@@ -114,7 +114,7 @@ def sizes(bench: Bench) -> dict[str, int]:
     if bench.options.quick:
         return {"threads": 100, "messages": 40, "pending_per_thread": 2, "repeats": 1}
     threads = bench.options.threads or 2000
-    return {"threads": threads, "messages": 500, "pending_per_thread": 5, "repeats": 3}
+    return {"threads": threads, "messages": 500, "pending_per_thread": 5, "repeats": 5}
 
 
 async def run(bench: Bench) -> Outcome:
