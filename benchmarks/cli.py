@@ -154,6 +154,9 @@ async def execute(name: str, options: Options) -> Path:
     load_before = os.getloadavg()
     bench_.say(f"[bold]{name}[/]: results in {bench_.output}")
     speed_before = await speed()
+    # The commit and tree of the code that runs: taken before, as the tree may change
+    # while a long run goes on (a commit made meanwhile is not what was measured).
+    versions_at_start = versions()
     async with bench_.running():
         outcome = await run(bench_)
         pg_settings = await bench_.pg_settings()
@@ -169,7 +172,7 @@ async def execute(name: str, options: Options) -> Path:
         "machine": machine(),
         "loadavg_1_5_15": {"at_start": load_before, "at_end": os.getloadavg()},
         "machine_speed": {"at_start": speed_before, "at_end": await speed()},
-        "versions": versions(),
+        "versions": versions_at_start,
         "nats_server_version": server_version or nats_server_version(),
         "pg_settings": pg_settings,
         "parameters": outcome.parameters,

@@ -926,3 +926,48 @@ def test_the_cpu_meter_times_this_processs_collections_under_its_own_name() -> N
     assert IN_GC + "elsewhere" not in after
     assert after[IN_GC + "harness"] > before[IN_GC + "harness"]
     assert IN_GC + "harness" not in cpu_delta(before, after, 1)["seconds"]
+
+
+async def test_a_run_records_the_commit_its_code_came_from_not_the_one_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long run's tree can get a commit while it goes on: results.json names the
+    commit and tree state taken when the run started (the services and the report are
+    stubbed; what is tested is `execute`'s bookkeeping)."""
+    if TYPE_CHECKING:
+        from benchmarks import cli, report
+        from benchmarks.scenarios import Outcome
+    else:
+        from buffered_store.benchmarks import cli, report
+        from buffered_store.benchmarks.scenarios import Outcome
+    head = {"git_commit": "before", "git_dirty": False}
+
+    async def run(bench: Bench) -> Outcome:
+        head.update(git_commit="after", git_dirty=True)  # committed during the run
+        return Outcome(sides={}, targets=[], parameters={})
+
+    @contextlib.asynccontextmanager
+    async def running(self: Bench) -> Any:
+        yield self
+
+    async def no_settings(self: Bench) -> dict[str, str]:
+        return {}
+
+    async def no_server(url: str) -> None:
+        return None
+
+    async def quick_speed() -> dict[str, float]:
+        return {"python_loop_s": 0.07, "wake_cpu_us": 40.0}
+
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli, "load", lambda name: ("a scenario", run))
+    monkeypatch.setattr(cli, "versions", lambda: dict(head))
+    monkeypatch.setattr(cli, "speed", quick_speed)
+    monkeypatch.setattr(cli, "_nats_version", no_server)
+    monkeypatch.setattr(cli, "nats_server_version", lambda: None)
+    monkeypatch.setattr(Bench, "running", running)
+    monkeypatch.setattr(Bench, "pg_settings", no_settings)
+    monkeypatch.setattr(Bench, "nats_url", property(lambda self: "nats://127.0.0.1:1"))
+    monkeypatch.setattr(report, "write_all", lambda result, *rest: written.append(result))
+    await cli.execute("force-flush", Options(output=tmp_path))
+    assert written[0]["versions"] == {"git_commit": "before", "git_dirty": False}
