@@ -47,6 +47,11 @@ FLUSH_ALL_TIMEOUT_S = 60.0
 """How long a STRONG list read waits for every pending thread's flush."""
 
 
+async def no_pending() -> tuple[Versions, int, int]:
+    """`Overlay.pending_runs_at` of a thread that need not be read."""
+    return {}, 0, 0
+
+
 class Overlay:
     """Reads of a `BufferedThreadRunStore` over its inner store, its flush target and
     the engine (`WriteBuffer`) it writes through. The store checks it is open first."""
@@ -108,14 +113,25 @@ class Overlay:
         thread_id = indexed or (stored.run.thread_id if stored else None)
         if thread_id is None:
             return None
-        versions, deleted_at, flushed = await self.pending_runs_at(thread_id)
-        if run_id not in versions and (stored is None or stored.thread_seq < flushed):
-            # The stored row was read concurrently with the watermark: a flush committing
-            # in between moved the run's newest version out of the pending entries after
-            # that read. Read it again, now that the watermark is known (rare: only runs
-            # last written below the watermark get here, and they read one more row).
-            stored = await self.target.read_run(run_id)
+        # The pending entries of the claimant and, when the claim has moved on from the
+        # stored row's thread (deleted, the run taken over), of that thread too.
+        owner = stored.run.thread_id if stored else thread_id
+        (versions, deleted_at, flushed), (_, owner_deleted_at, _) = await asyncio.gather(
+            self.pending_runs_at(thread_id),
+            self.pending_runs_at(owner) if owner != thread_id else no_pending(),
+        )
         found = versions.get(run_id)
+        if found is None and (stored is None or owner != thread_id or stored.thread_seq < flushed):
+            # The stored row was read concurrently with the watermarks: a flush committing
+            # in between moved the run's newest version out of the pending entries, or
+            # applied the old owner's delete, after that read. Read it again, now that
+            # the watermarks are known (rare: only runs last written below the watermark,
+            # or whose claim moved, get here, and they read one more row).
+            stored = await self.target.read_run(run_id)
+            if stored is not None and stored.run.thread_id not in (thread_id, owner):
+                # A third thread's row meanwhile (rare): its own pending delete, read now.
+                owner = stored.run.thread_id
+                owner_deleted_at = (await self.pending_runs(owner))[1]
         if stored is None:
             return found[0] if found else None
         if stored.run.thread_id == thread_id:
@@ -123,13 +139,11 @@ class Overlay:
             if stored.thread_seq > deleted_at and (found is None or found[1] < stored.thread_seq):
                 return stored.run
             return found[0] if found else None
-        # The stored row is another thread's, and the claim has moved on (that thread was
-        # deleted, the run taken over): a pending version of the claimant wins whatever
-        # the seqs, which count different threads. Without one, the row stands unless its
-        # own thread has a pending delete above it.
+        # The stored row is another thread's, and the claim has moved on: a pending
+        # version of the claimant wins whatever the seqs, which count different threads.
+        # Without one, the row stands unless its own thread has a pending delete above it.
         if found is not None:
             return found[0]
-        _, owner_deleted_at = await self.pending_runs(stored.run.thread_id)
         return stored.run if stored.thread_seq > owner_deleted_at else None
 
     async def latest_run(self, thread_id: str) -> RunRecord | None:

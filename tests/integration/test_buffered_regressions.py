@@ -574,6 +574,72 @@ async def test_load_run_racing_a_flush_sees_the_newest_version(
     assert await store.latest_run(thread) == newest
 
 
+async def test_load_run_of_a_taken_over_run_racing_a_flush_sees_the_claimants_version(
+    open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thread a's run is flushed and a is deleted; thread b takes the run over. A flush
+    committing both after `load_run` read a's stored row moved b's version out of the
+    pending entries: the read compared a's seq with b's watermark (seqs of different
+    threads), skipped the second row read and returned the deleted thread's run (found
+    by the model test, flusher running beside the reads)."""
+    store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run = make_run(a, steps=1)
+    for steps in (1, 2, 3):  # a's seq above b's, as in the model test's example
+        await store.checkpoint(a, make_messages(steps), run.replace(steps=steps))
+    await store.force_flush(a)
+    await store.delete_thread(a)
+    taken = run.replace(thread_id=b, steps=9)
+    await store.checkpoint(b, make_messages(1), taken)
+    real_read_run = store.target.read_run
+    calls = 0
+
+    async def read_then_flush(run_id: str) -> Any:
+        nonlocal calls
+        calls += 1
+        found = await real_read_run(run_id)
+        if calls == 1:
+            assert found is not None
+            assert found.run.thread_id == a
+            await store.force_flush_all()  # a's delete and b's run commit after the read
+        return found
+
+    monkeypatch.setattr(store.target, "read_run", read_then_flush)
+    assert await store.load_run(run.run_id) == taken
+    assert await store.latest_run(b) == taken
+
+
+async def test_load_run_of_a_claimed_run_racing_the_old_owners_delete_flush_is_gone(
+    open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim of a deleted thread's run moved to b, whose checkpoint is not written
+    yet. The old owner's delete committing after `load_run` read its stored row hid the
+    pending delete from the read, which returned the deleted thread's run."""
+    store = await open_store(inner, drain_on_close=False)
+    a, b = tid("a"), tid("b")
+    run = make_run(a, steps=1)
+    await store.checkpoint(a, make_messages(1), run)
+    await store.force_flush(a)
+    await store.delete_thread(a)
+    loop = asyncio.get_running_loop()
+    await store._claims.claim(b, run.run_id, loop.time() + 10)  # b's checkpoint to come
+    real_read_run = store.target.read_run
+    calls = 0
+
+    async def read_then_flush(run_id: str) -> Any:
+        nonlocal calls
+        calls += 1
+        found = await real_read_run(run_id)
+        if calls == 1:
+            assert found is not None
+            assert found.run.thread_id == a
+            await store.force_flush(a)  # a's delete commits after the row was read
+        return found
+
+    monkeypatch.setattr(store.target, "read_run", read_then_flush)
+    assert await store.load_run(run.run_id) is None
+
+
 async def test_delete_repeated_after_its_hot_update_was_lost_is_visible(
     open_store: StoreFactory, inner: InnerStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
