@@ -84,6 +84,13 @@ def _scenario_command(name: str) -> click.Command:
         "advanced in the background that many seconds after a checkpoint (default: before "
         "checkpoint() returns).",
     )
+    @click.option(
+        "--floor-rounds",
+        type=click.IntRange(min=1, max=20),
+        default=None,
+        help="hot-threads: run the durable write path alone and the raw loop that many "
+        "times, in turn (ABBA order), to show the fsync floor's own spread (default 1).",
+    )
     @click.option("--keep", is_flag=True, help="Keep the side databases and WAL streams.")
     @click.option(
         "--profile",

@@ -63,6 +63,9 @@ class Options:
     hot_linger_s: float | None = None
     """The thread-run store's `hot_linger_s` on every buffered side (None: its default,
     the hot record advanced before `checkpoint()` returns)."""
+    floor_rounds: int | None = None
+    """Rounds of the durable write path alone and the raw loop, in turn (`hot-threads`;
+    None: one)."""
     keep: bool = False
     profile: bool = False
     command: str = ""

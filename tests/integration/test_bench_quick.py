@@ -178,6 +178,11 @@ def check_hot_threads(data: dict[str, Any], report: str) -> None:
     assert raw["cpu"]["seconds"]["nats_server"] > 0
     assert raw["offered_per_s"] == direct["offered_per_s"]
     assert sides["buffered_durable_alone"]["offered_per_s"] == direct["offered_per_s"]
+    # One round of the floor by default: the sides' own figures, in the report's table.
+    (only,) = data["figures"]["durable_floor_rounds"]["rounds"]
+    assert only["raw_p99_ms"] == raw["latency_ms"]["p99"]
+    assert only["alone_p99_ms"] == sides["buffered_durable_alone"]["latency_ms"]["p99"]
+    assert "## The durable write path alone against the raw loop, round by round" in report
     p99 = {t["figure"]: t["measured"] for t in data["targets"] if t["id"] == "p99"}
     assert len(p99) == 2
     for figure, measured in p99.items():
@@ -338,6 +343,27 @@ def check_langgraph_phases(data: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.timeout(300)
+def test_hot_threads_quick_runs_the_durable_floor_in_rounds(tmp_path: Path) -> None:
+    """`--floor-rounds 3`: the write path alone and the raw loop run three times on the
+    fsyncing server, in ABBA order, each round measured on its own (not as sides)."""
+    out = tmp_path / "hot-threads-rounds"
+    data = run_quick("hot-threads", out, "--floor-rounds", "3", "--duration-s", "1.5")
+    assert set(data["sides"]) == SCENARIOS["hot-threads"][0]
+    assert data["parameters"]["floor_rounds"] == 3
+    floor = data["figures"]["durable_floor_rounds"]
+    assert [r["first"] for r in floor["rounds"]] == ["alone", "raw", "alone"]
+    for r in floor["rounds"]:
+        assert r["raw_p99_ms"] > 0
+        assert r["alone_p99_ms"] > 0
+        assert r["raw_cpu_ms"]["nats_server"] > 0
+        assert r["alone_cpu_ms"]["harness"] > 0
+    p99s = [r["raw_p99_ms"] for r in floor["rounds"]]
+    assert floor["raw_p99_ms_range"] == [min(p99s), max(p99s)]
+    report = (out / "report.md").read_text()
+    assert "Over 3 rounds the raw loop's p99 ranged" in report
+
+
 def test_langgraph_quick_with_postgres_behind_a_delaying_link(tmp_path: Path) -> None:
     """`--db-delay-ms 2`: every Postgres connection of the sides through the proxy, its
     round trip measured, the remote targets judged instead of the loopback ones."""

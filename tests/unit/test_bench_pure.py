@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from benchmarks.scenarios.common import backlog_growing, backlog_trend, judge_latency
     from benchmarks.scenarios.curve import curve_points, maximum
     from benchmarks.scenarios.curve import judge as judge_curve
+    from benchmarks.scenarios.hot_threads import floor_rounds, floor_rounds_table
     from benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
     from benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -79,6 +80,7 @@ else:
     )
     from buffered_store.benchmarks.scenarios.curve import curve_points, maximum
     from buffered_store.benchmarks.scenarios.curve import judge as judge_curve
+    from buffered_store.benchmarks.scenarios.hot_threads import floor_rounds, floor_rounds_table
     from buffered_store.benchmarks.scenarios.langgraph_onetrip import OnePublishSaver, stream_seq
     from buffered_store.benchmarks.scenarios.langgraph_pacing import (
         Slots,
@@ -276,6 +278,38 @@ def test_a_latency_judged_beside_its_floor_reports_what_the_floor_leaves_to_gain
     assert "the buffered write path alone there" in beside["measured"]
     assert beside["measured"].endswith("sharing the cores) 30.00 ms")
     assert beside["figure"].endswith("(sync_interval: always)")
+
+
+def test_floor_rounds_pair_each_alone_run_with_its_raw_run_and_take_the_median() -> None:
+    def side(p99: float, harness: float, server: float) -> dict[str, Any]:
+        point = paced_point("raw", p99)
+        point["cpu"] = {"seconds_per_1k_checkpoints": {"harness": harness, "nats_server": server}}
+        return point
+
+    floor = floor_rounds(
+        [
+            ("alone", side(20.0, 0.35, 0.41), side(30.0, 0.39, 0.42)),
+            ("raw", side(50.0, 0.34, 0.41), side(40.0, 0.40, 0.46)),
+            ("alone", side(16.0, 0.34, 0.40), side(32.0, 0.41, 0.47)),
+        ]
+    )
+    rows = floor["rounds"]
+    assert [r["alone_over_raw_p99"] for r in rows] == pytest.approx([1.5, 0.8, 2.0])
+    assert floor["median_alone_over_raw_p99"] == pytest.approx(1.5)
+    assert floor["raw_p99_ms_range"] == [16.0, 50.0]
+    assert floor["alone_p99_ms_range"] == [30.0, 40.0]
+    assert rows[1]["alone_cpu_ms"] == {"harness": 0.40, "nats_server": 0.46}
+    assert rows[0]["raw_p50_ms"] == 5.0
+    table = floor_rounds_table(floor)
+    assert "| 2 | raw | 12.50 / 50.00 | 10.00 / 40.00 | 0.800 |" in table
+    assert "Over 3 rounds the raw loop's p99 ranged 16.00 to 50.00 ms" in table
+    assert "median alone/raw 1.500" in table
+    # One round: its row, and no spread to speak of.
+    single = floor_rounds_table(
+        floor_rounds([("alone", side(20.0, 0.3, 0.4), side(30.0, 0.3, 0.4))])
+    )
+    assert "| 1 | alone |" in single
+    assert "ranged" not in single
 
 
 def test_a_backlog_grows_above_one_percent_of_the_rate() -> None:
