@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -591,20 +592,8 @@ async def test_load_run_of_a_taken_over_run_racing_a_flush_sees_the_claimants_ve
     await store.delete_thread(a)
     taken = run.replace(thread_id=b, steps=9)
     await store.checkpoint(b, make_messages(1), taken)
-    real_read_run = store.target.read_run
-    calls = 0
-
-    async def read_then_flush(run_id: str) -> Any:
-        nonlocal calls
-        calls += 1
-        found = await real_read_run(run_id)
-        if calls == 1:
-            assert found is not None
-            assert found.run.thread_id == a
-            await store.force_flush_all()  # a's delete and b's run commit after the read
-        return found
-
-    monkeypatch.setattr(store.target, "read_run", read_then_flush)
+    # a's delete and b's run commit after the read.
+    flush_after_the_first_row_read(store, monkeypatch, a, store.force_flush_all)
     assert await store.load_run(run.run_id) == taken
     assert await store.latest_run(b) == taken
 
@@ -623,6 +612,18 @@ async def test_load_run_of_a_claimed_run_racing_the_old_owners_delete_flush_is_g
     await store.delete_thread(a)
     loop = asyncio.get_running_loop()
     await store._claims.claim(b, run.run_id, loop.time() + 10)  # b's checkpoint to come
+    flush_after_the_first_row_read(store, monkeypatch, a, lambda: store.force_flush(a))
+    assert await store.load_run(run.run_id) is None
+
+
+def flush_after_the_first_row_read(
+    store: BufferedThreadRunStore,
+    monkeypatch: pytest.MonkeyPatch,
+    owner: str,
+    flush: Callable[[], Awaitable[object]],
+) -> None:
+    """The store's first read of a run row finds `owner`'s row, then `flush` commits
+    before that read returns: a flush landing between the row read and the watermarks."""
     real_read_run = store.target.read_run
     calls = 0
 
@@ -632,12 +633,11 @@ async def test_load_run_of_a_claimed_run_racing_the_old_owners_delete_flush_is_g
         found = await real_read_run(run_id)
         if calls == 1:
             assert found is not None
-            assert found.run.thread_id == a
-            await store.force_flush(a)  # a's delete commits after the row was read
+            assert found.run.thread_id == owner
+            await flush()
         return found
 
     monkeypatch.setattr(store.target, "read_run", read_then_flush)
-    assert await store.load_run(run.run_id) is None
 
 
 async def test_delete_repeated_after_its_hot_update_was_lost_is_visible(
