@@ -130,8 +130,7 @@ class Overlay:
             stored = await self.target.read_run(run_id)
             if stored is not None and stored.run.thread_id not in (thread_id, owner):
                 # A third thread's row meanwhile (rare): its own pending delete, read now.
-                owner = stored.run.thread_id
-                owner_deleted_at = (await self.pending_runs(owner))[1]
+                owner_deleted_at = (await self.pending_runs(stored.run.thread_id))[1]
         if stored is None:
             return found[0] if found else None
         if stored.run.thread_id == thread_id:
