@@ -342,8 +342,11 @@ class CpuMeter:
         for name, get_pid in self._pids.items():
             pid = get_pid()
             children = name in self._with_children
-            value = process_cpu(pid, children=children) if pid else None
-            waited = runqueue_wait_s(pid, children=children) if pid else None
+            # The descendants found once for both readings: the search is most of a
+            # sample's cost, and a sample runs in the writers' event loop.
+            kids = descendants(pid) if pid and children else None
+            value = process_cpu(pid, children=children, kids=kids) if pid else None
+            waited = runqueue_wait_s(pid, children=children, kids=kids) if pid else None
             if waited is not None:
                 apart[WAITED + name] = waited
             if pid == os.getpid():
@@ -413,16 +416,57 @@ def gc_seconds() -> float:
     return _gc_clock.seconds
 
 
-def runqueue_wait_s(pid: int, *, children: bool = False) -> float | None:
-    """Seconds the threads of process `pid` (with `children`: and of its live children)
-    spent runnable but waiting for a core since they started, from Linux's
-    /proc/PID/task/TID/schedstat; None where there is none (or the process is gone).
-    Over a run, a process's wait beside its CPU time says whether the cores were
-    contended: a process that waited a tenth of the time could have run that much more."""
+def descendants(pid: int, *, proc: str = "/proc") -> list[int]:
+    """Pids of the live descendants of process `pid` (children, theirs, ...).
+
+    From Linux's /proc/PID/task/TID/children: a few small reads. Where the kernel has no
+    such file, psutil's search, which reads the stat file of every process on the
+    machine: about a millisecond per hundred processes, and a `CpuMeter` sample runs in
+    the measured process's event loop, four times a second, where such a stall holds up
+    every call in flight (what it did to the store sides' p99s, and not to the raw
+    loop's, which samples no Postgres, until Stop 58)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        one = todo.pop()
+        try:
+            tids = os.listdir(f"{proc}/{one}/task")
+        except OSError:
+            continue  # exited meanwhile: it has no descendants left to count
+        for tid in tids:
+            try:
+                with open(f"{proc}/{one}/task/{tid}/children") as listing:
+                    kids = [int(kid) for kid in listing.read().split()]
+            except FileNotFoundError:
+                if not os.path.exists(f"{proc}/{one}/task/{tid}"):
+                    continue  # the thread exited
+                return _descendants_by_scan(pid)  # no such file on this kernel
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _descendants_by_scan(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def runqueue_wait_s(
+    pid: int, *, children: bool = False, kids: Sequence[int] | None = None
+) -> float | None:
+    """Seconds the threads of process `pid` (with `children`: and of its live
+    descendants, `kids` when the caller found them already) spent runnable but waiting
+    for a core since they started, from Linux's /proc/PID/task/TID/schedstat; None where
+    there is none (or the process is gone). Over a run, a process's wait beside its CPU
+    time says whether the cores were contended: a process that waited a tenth of the
+    time could have run that much more."""
     pids = [pid]
     if children:
-        with contextlib.suppress(psutil.Error):
-            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        pids += descendants(pid) if kids is None else kids
     total_ns = 0
     for one in pids:
         try:
@@ -441,9 +485,10 @@ def machine_busy_s() -> float:
     return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
-def process_cpu(pid: int, *, children: bool) -> float | None:
+def process_cpu(pid: int, *, children: bool, kids: Sequence[int] | None = None) -> float | None:
     """CPU seconds (user + system) process `pid` has used (with `children`: and its
-    children, live and reaped); None when it is gone."""
+    children, reaped and live: its live descendants, `kids` when the caller found them
+    already); None when it is gone."""
     try:
         proc = psutil.Process(pid)
         times = proc.cpu_times()
@@ -451,9 +496,9 @@ def process_cpu(pid: int, *, children: bool) -> float | None:
         if not children:
             return float(total)
         total += times.children_user + times.children_system
-        for child in proc.children(recursive=True):
+        for child in descendants(pid) if kids is None else kids:
             try:
-                ct = child.cpu_times()
+                ct = psutil.Process(child).cpu_times()
                 total += ct.user + ct.system
             except psutil.Error:
                 continue

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
         LatencyLog,
         Timeline,
         cpu_delta,
+        descendants,
+        process_cpu,
         runqueue_wait_s,
         wait_or_stop,
     )
@@ -69,6 +71,8 @@ else:
         LatencyLog,
         Timeline,
         cpu_delta,
+        descendants,
+        process_cpu,
         runqueue_wait_s,
         wait_or_stop,
     )
@@ -1005,3 +1009,86 @@ async def test_a_run_records_the_commit_its_code_came_from_not_the_one_at_its_en
     monkeypatch.setattr(report, "write_all", lambda result, *rest: written.append(result))
     await cli.execute("force-flush", Options(output=tmp_path))
     assert written[0]["versions"] == {"git_commit": "before", "git_dirty": False}
+
+
+@contextlib.contextmanager
+def _parent_with_a_grandchild() -> Any:
+    """A process whose child runs a child of its own, which has used about 0.2 s of CPU
+    by the time this yields (parent pid, grandchild pid); each ends when its input does."""
+    import subprocess
+    import sys
+
+    def spawning(inner: str, report: str) -> str:
+        return (
+            "import subprocess, sys\n"
+            f"kid = subprocess.Popen([sys.executable, '-c', {inner!r}], "
+            "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
+            f"print({report}, flush=True)\n"
+            "sys.stdin.read()\n"
+            "kid.stdin.close()\n"
+            "kid.wait()\n"
+        )
+
+    grandchild = (
+        "import os, sys; sum(i * i for i in range(3_000_000)); "
+        "print(os.getpid(), flush=True); sys.stdin.read()"
+    )
+    child = spawning(grandchild, "kid.stdout.readline().strip()")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", spawning(child, "kid.stdout.readline().strip()")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        yield parent.pid, int(parent.stdout.readline())
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.close()  # each closes its child's input and waits for it
+        parent.wait(timeout=10)
+
+
+def test_descendants_are_every_live_child_and_grandchild_the_process_scan_finds() -> None:
+    import psutil
+
+    with _parent_with_a_grandchild() as (parent, grandchild):
+        found = descendants(parent)
+        scanned = [c.pid for c in psutil.Process(parent).children(recursive=True)]
+        assert grandchild in found
+        assert sorted(found) == sorted(scanned)
+        assert len(found) == 2  # the child and its child
+    assert descendants(2**22 + 12345) == []
+
+
+def test_descendants_fall_back_to_the_process_scan_where_the_kernel_lists_no_children(
+    tmp_path: Path,
+) -> None:
+    with _parent_with_a_grandchild() as (parent, grandchild):
+        # A /proc whose task folders hold no `children` file (a kernel built without it).
+        (tmp_path / str(parent) / "task" / str(parent)).mkdir(parents=True)
+        found = descendants(parent, proc=str(tmp_path))
+        assert grandchild in found
+        assert len(found) == 2
+
+
+def test_process_cpu_counts_the_descendants_it_is_given_and_finds_them_otherwise() -> None:
+    with _parent_with_a_grandchild() as (parent, grandchild):
+        own = process_cpu(grandchild, children=False)
+        alone = process_cpu(parent, children=True, kids=[])
+        with_kids = process_cpu(parent, children=True)
+        given = process_cpu(parent, children=True, kids=descendants(parent))
+        assert alone is not None
+        assert with_kids is not None
+        assert given is not None
+        # The grandchild's CPU (its loop, now asleep) counts only where the descendants do
+        # (a clock tick of slack: psutil reads them in ticks).
+        assert own is not None
+        assert own >= 0.05
+        assert with_kids >= alone + own - 0.011
+        assert given >= alone + own - 0.011
+        waited_alone = runqueue_wait_s(parent, children=True, kids=[])
+        waited = runqueue_wait_s(parent, children=True)
+        assert waited_alone is not None
+        assert waited is not None
+        assert waited >= waited_alone
