@@ -360,7 +360,9 @@ async def measure_phase(
                 "backlog": await side.monitor.backlog() if side.monitor else None,
                 "flusher_last_lag_s": flusher.get("last_lag_s"),
                 "flusher_transactions": flusher.get("transactions"),
-                "cpu_s": meter.sample()["total"],
+                # No CPU sample here: it reads /proc for every process of the side, in
+                # the writers' event loop, stalling the calls in flight; no figure used
+                # it (the side's CPU is the two samples around the run).
             }
             if probe_extra is not None:
                 values.update(probe_extra(states))
