@@ -421,10 +421,8 @@ def descendants(pid: int, *, proc: str = "/proc") -> list[int]:
 
     From Linux's /proc/PID/task/TID/children: a few small reads. Where the kernel has no
     such file, psutil's search, which reads the stat file of every process on the
-    machine: about a millisecond per hundred processes, and a `CpuMeter` sample runs in
-    the measured process's event loop, four times a second, where such a stall holds up
-    every call in flight (what it did to the store sides' p99s, and not to the raw
-    loop's, which samples no Postgres, until Stop 58)."""
+    machine (about a millisecond per hundred processes: a stall for whatever event loop
+    the caller runs in)."""
     found: list[int] = []
     todo = [pid]
     while todo:
